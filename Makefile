@@ -1,0 +1,72 @@
+# Makefile — the front door. Site settings are in Makefile.inc.
+#   make          build ptrain (installs missing Debian packages first, as root)
+#   make run      train on the default deck ($(DECK)) with $(NP) rank(s)
+#   make test     build and run the whole test suite (ctest)
+#   make test-quick   only the tests labelled quick
+#   make install  install to $(PREFIX), with the Lmod modulefile
+include Makefile.inc
+
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
+CMAKE_ARGS = -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+  -DCMAKE_CXX_COMPILER=$(CXX) -DCMAKE_C_COMPILER=$(CC) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
+  -DPTRAIN_ENABLE_CUDA=$(ENABLE_CUDA) -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) \
+  -DPTRAIN_WERROR=$(WERROR) \
+  $(if $(KOKKOS_ROOT),-DKokkos_ROOT=$(KOKKOS_ROOT)) \
+  $(if $(HDF5_ROOT),-DHDF5_ROOT=$(HDF5_ROOT)) \
+  $(if $(BLAS_ROOT),-DCMAKE_PREFIX_PATH=$(BLAS_ROOT))
+
+.PHONY: all deps configure build run test test-quick install clean
+
+all: build
+
+# Install what is missing (root on Debian), or say exactly what to install and stop.
+deps:
+	@missing=""; \
+	if command -v dpkg-query >/dev/null 2>&1; then \
+	  for p in $(DEBIAN_PACKAGES); do \
+	    dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -q '^installed$$' || missing="$$missing $$p"; \
+	  done; \
+	  if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      echo "make deps: installing$$missing"; \
+	      export DEBIAN_FRONTEND=noninteractive; \
+	      apt-get update -q && apt-get install -y -q --no-install-recommends $$missing || exit 1; \
+	    else \
+	      echo "make deps: missing Debian packages. Install them with:"; \
+	      echo "  sudo apt-get install --no-install-recommends$$missing"; exit 1; \
+	    fi; \
+	  fi; \
+	else \
+	  for t in cmake mpicxx h5pcc; do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "make deps: not a Debian system and missing:$$missing"; \
+	    echo "  needs: CMake >= 3.20, a C++17 compiler, MPI >= 3.1, parallel HDF5, Kokkos 3.4/4.x,"; \
+	    echo "  CBLAS (OpenBLAS), GoogleTest; set their roots in Makefile.inc"; exit 1; \
+	  fi; \
+	fi
+
+configure: deps
+	@test -f $(BUILD_DIR)/CMakeCache.txt || cmake $(CMAKE_ARGS)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+run: build
+	$(MPIEXEC) $(ROOT_FLAG) $(MPIEXEC_FLAGS) -np $(NP) $(BUILD_DIR)/ptrain $(DECK)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure
+
+test-quick: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L quick
+
+install: build
+	cmake --install $(BUILD_DIR)
+	@v=$$($(BUILD_DIR)/ptrain --version | awk '{print $$2}'); \
+	 mkdir -p $(PREFIX)/share/modulefiles/ptrain; \
+	 sed -e "s|@VERSION@|$$v|g" -e "s|@PREFIX@|$(PREFIX)|g" modules/ptrain/ptrain.lua.in \
+	   > $(PREFIX)/share/modulefiles/ptrain/$$v.lua; \
+	 echo "installed modulefile $(PREFIX)/share/modulefiles/ptrain/$$v.lua"
+
+clean:
+	rm -rf $(BUILD_DIR)
