@@ -1,0 +1,147 @@
+#include "grid/grid.hpp"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "util/error.hpp"
+
+namespace ptrain {
+
+// ---- Communicator ---------------------------------------------------------------------------
+
+Communicator& Communicator::operator=(Communicator&& other) noexcept {
+  if (this != &other) {
+    reset();
+    comm_ = other.release();
+  }
+  return *this;
+}
+
+int Communicator::rank() const {
+  if (is_null()) return -1;
+  int r = -1;
+  MPI_Comm_rank(comm_, &r);
+  return r;
+}
+
+int Communicator::size() const {
+  if (is_null()) return 0;
+  int n = 0;
+  MPI_Comm_size(comm_, &n);
+  return n;
+}
+
+MPI_Comm Communicator::release() {
+  MPI_Comm c = comm_;
+  comm_ = MPI_COMM_NULL;
+  return c;
+}
+
+void Communicator::reset() {
+  if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  comm_ = MPI_COMM_NULL;
+}
+
+// ---- Grid -----------------------------------------------------------------------------------
+
+namespace {
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(cat("grid: ", what, " failed: ", std::string(text, static_cast<std::size_t>(len))));
+}
+
+int rank_in(MPI_Comm comm) {
+  int r = 0;
+  check_mpi(MPI_Comm_rank(comm, &r), "MPI_Comm_rank");
+  return r;
+}
+
+// The ranks sharing this rank's node (shared memory), or the block r / n when simulating.
+Communicator split_by_node(MPI_Comm world, const GridShape& shape, int simulated_ranks_per_node) {
+  int size = 0;
+  check_mpi(MPI_Comm_size(world, &size), "MPI_Comm_size");
+  shape.validate(size);  // the same answer on every rank, so every rank throws together
+  const int rank = rank_in(world);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (simulated_ranks_per_node > 0)
+    check_mpi(MPI_Comm_split(world, rank / simulated_ranks_per_node, rank, &node), "MPI_Comm_split (node)");
+  else
+    check_mpi(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+  return Communicator(node);
+}
+
+// Every rank's node index; nodes are numbered in order of their lowest rank.
+std::vector<int> gather_node_map(MPI_Comm world, const Communicator& node) {
+  const int rank = rank_in(world);
+  int leader = rank;  // lowest world rank on this node
+  check_mpi(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node.get()), "MPI_Allreduce (node leader)");
+  int size = 0;
+  check_mpi(MPI_Comm_size(world, &size), "MPI_Comm_size");
+  std::vector<int> leaders(static_cast<std::size_t>(size));
+  check_mpi(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world), "MPI_Allgather (node map)");
+  // A leader first appears at its own rank, so numbering on first appearance follows lowest ranks.
+  std::map<int, int> id_of_leader;
+  std::vector<int> node_of_rank(leaders.size());
+  for (std::size_t r = 0; r < leaders.size(); ++r) {
+    auto it = id_of_leader.emplace(leaders[r], static_cast<int>(id_of_leader.size())).first;
+    node_of_rank[r] = it->second;
+  }
+  return node_of_rank;
+}
+
+}  // namespace
+
+Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int simulated_ranks_per_node)
+    : world_rank_(rank_in(world)),
+      node_comm_(split_by_node(world, shape, simulated_ranks_per_node)),
+      layout_(shape, gather_node_map(world, node_comm_)),
+      coords_(layout_.coords(world_rank_)) {
+  // Every rank holds the whole node map, so every rank reaches the same verdict here.
+  layout_.check_topology(strict_topology);
+
+  // MPI Cartesian ranks are row-major (last dimension fastest): pass the axes slowest first.
+  // With reorder = 0 the cart rank equals the world rank, so Layout's arithmetic holds.
+  // The context axis is periodic so MPI_Cart_shift on the cp group walks the attention ring.
+  int dims[kNumAxes], periods[kNumAxes];
+  for (int k = 0; k < kNumAxes; ++k) {
+    const Axis a = shape.order[kNumAxes - 1 - k];
+    dims[k] = shape.size[static_cast<int>(a)];
+    periods[k] = a == Axis::c ? 1 : 0;
+  }
+  MPI_Comm cart = MPI_COMM_NULL;
+  check_mpi(MPI_Cart_create(world, kNumAxes, dims, periods, 0, &cart), "MPI_Cart_create");
+  cart_ = Communicator(cart);
+  PTRAIN_REQUIRE(rank_in(cart) == world_rank_, "grid: MPI_Cart_create renumbered rank ", world_rank_,
+                 " to ", rank_in(cart), " despite reorder = 0");
+
+  for (int g = 0; g < kNumGroupKinds; ++g) {
+    const GroupKind kind = static_cast<GroupKind>(g);
+    MPI_Comm sub = MPI_COMM_NULL;
+    if (kind == GroupKind::embed) {
+      // First and last pipeline stage with the same t, c, e, d; named by the first stage's rank.
+      Coords first = coords_;
+      first[static_cast<int>(Axis::p)] = 0;
+      const int color = layout_.in_group(kind, world_rank_) ? layout_.rank(first) : MPI_UNDEFINED;
+      check_mpi(MPI_Comm_split(cart, color, coord(Axis::p), &sub), "MPI_Comm_split (embed)");
+    } else {
+      const std::vector<Axis> axes = group_axes(kind);
+      int remain[kNumAxes];
+      for (int k = 0; k < kNumAxes; ++k)
+        remain[k] = std::find(axes.begin(), axes.end(), shape.order[kNumAxes - 1 - k]) != axes.end();
+      check_mpi(MPI_Cart_sub(cart, remain, &sub), "MPI_Cart_sub");
+    }
+    groups_[static_cast<std::size_t>(g)] = Communicator(sub);
+  }
+}
+
+}  // namespace ptrain
