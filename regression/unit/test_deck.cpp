@@ -1,0 +1,663 @@
+// ptrain-test: np=1,2,4 labels=quick timeout=120
+// The deck: namelist grammar, errors with file:line:col, --set overrides, cross-field
+// validation, the echo round trip, and the MPI load (same Config or same error everywhere).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <unistd.h>
+
+#include "deck/deck.hpp"
+#include "util/error.hpp"
+
+using namespace ptrain;
+
+namespace {
+
+// The message of the Error that fn throws (and that its exit code is 2), or "no error".
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitInput) << e.what();
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string parse_error(const std::string& text) {
+  return error_of([&] { deck::parse_text(text, "deck.nml"); });
+}
+
+std::string set_error(const std::vector<std::string>& overrides) {
+  return error_of([&] { deck::parse_text("", "deck.nml", overrides); });
+}
+
+bool bits_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+std::string bcast_string(std::string s) {
+  long long n = static_cast<long long>(s.size());
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  s.resize(static_cast<std::size_t>(n));
+  MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return s;
+}
+
+// A scratch folder made by rank 0 and known to every rank.
+std::string shared_temp_dir() {
+  std::string dir;
+  if (world_rank() == 0) {
+    char tmpl[] = "/tmp/ptrain_test_deck_XXXXXX";
+    dir = mkdtemp(tmpl) ? tmpl : "";
+  }
+  return bcast_string(dir);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+}  // namespace
+
+// --- the table -------------------------------------------------------------------
+
+TEST(DeckSchema, TableHasEveryKeyOfSchemaDef) {
+  // Independent count: the PTRAIN_KEY lines of the file itself.
+  std::ifstream f(PTRAIN_SOURCE_DIR "/src/deck/schema.def");
+  ASSERT_TRUE(f.good());
+  std::string line;
+  std::size_t keys = 0, groups = 0;
+  while (std::getline(f, line)) {
+    if (line.rfind("PTRAIN_KEY(", 0) == 0) ++keys;
+    if (line.rfind("PTRAIN_GROUP_BEGIN(", 0) == 0) ++groups;
+  }
+  EXPECT_EQ(deck::key_specs().size(), keys);
+  EXPECT_EQ(deck::group_specs().size(), groups);
+  std::size_t in_groups = 0;
+  for (const auto& g : deck::group_specs()) in_groups += g.keys.size();
+  EXPECT_EQ(in_groups, keys);
+  const auto& order = deck::key_specs()[static_cast<std::size_t>(deck::group_specs()[2].keys[6])];
+  EXPECT_EQ(order.name(), "parallel%order");
+  EXPECT_EQ(order.type, deck::KeyType::Str);
+  EXPECT_EQ(order.extent, 5);
+  EXPECT_EQ(order.choices, (std::vector<std::string>{"t", "c", "e", "d", "p"}));
+}
+
+TEST(DeckSchema, DefaultsAreReadFromTheTable) {
+  Config c = deck::defaults();
+  EXPECT_EQ(c.run.name, "ptrain");
+  EXPECT_EQ(c.run.seed, 1234);
+  EXPECT_FALSE(c.run.trace);
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.model.init_from, "");
+  EXPECT_TRUE(bits_equal(c.model.capacity_factor, 1.25));
+  EXPECT_EQ(c.parallel.dp, -1);
+  EXPECT_EQ(c.parallel.order, (std::vector<std::string>{"t", "c", "e", "d", "p"}));
+  EXPECT_TRUE(bits_equal(c.train.lr, 3e-4));
+  EXPECT_TRUE(bits_equal(c.train.eps, 1e-8));
+  EXPECT_TRUE(bits_equal(c.parallel.bucket_mb, 25.0));
+  EXPECT_EQ(c.backend.device, "cpu");
+  // An empty deck is the defaults.
+  Config e = deck::parse_text("", "empty.nml");
+  EXPECT_TRUE(deck::same_values(c, e));
+  EXPECT_EQ(e.deck_path, "empty.nml");
+}
+
+// --- the grammar -----------------------------------------------------------------
+
+TEST(DeckGrammar, F90nmlStyle) {
+  Config c = deck::parse_text(
+      "&model\n    n_layer = 6\n    dtype = 'fp64'\n    capacity_factor = 1.5\n/\n"
+      "&parallel\n    order = 'd', 't', 'c', 'e', 'p'\n    sequence_parallel = .true.\n/\n",
+      "f.nml");
+  EXPECT_EQ(c.model.n_layer, 6);
+  EXPECT_EQ(c.model.dtype, "fp64");
+  EXPECT_EQ(c.model.capacity_factor, 1.5);
+  EXPECT_EQ(c.parallel.order, (std::vector<std::string>{"d", "t", "c", "e", "p"}));
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+}
+
+TEST(DeckGrammar, RealForms) {
+  Config c = deck::parse_text(
+      "&train lr = 1.0d-3, min_lr=1.D0 , beta1 = .5 ! comment\n"
+      "   beta2=+9.5e-1\n"
+      "   weight_decay = 2   eps = 1E-12\n"
+      "   clip = 3.\n"
+      "&end\n",
+      "r.nml");
+  EXPECT_TRUE(bits_equal(c.train.lr, 1.0e-3));
+  EXPECT_TRUE(bits_equal(c.train.min_lr, 1.0));
+  EXPECT_TRUE(bits_equal(c.train.beta1, 0.5));
+  EXPECT_TRUE(bits_equal(c.train.beta2, 0.95));
+  EXPECT_TRUE(bits_equal(c.train.weight_decay, 2.0));
+  EXPECT_TRUE(bits_equal(c.train.eps, 1e-12));
+  EXPECT_TRUE(bits_equal(c.train.clip, 3.0));
+  Config n = deck::parse_text("&model capacity_factor = -0.0 /", "n.nml");
+  EXPECT_TRUE(std::signbit(n.model.capacity_factor));
+}
+
+TEST(DeckGrammar, NamesAreCaseInsensitiveAndGroupsInAnyOrder) {
+  Config c = deck::parse_text(
+      "&BACKEND DEVICE='cpu', Blas_Threads=+3 /\n"
+      "&Model N_LAYER = 8 /\n"
+      "&run steps=-0 /\n",
+      "c.nml");
+  EXPECT_EQ(c.backend.blas_threads, 3);
+  EXPECT_EQ(c.model.n_layer, 8);
+  EXPECT_EQ(c.run.steps, 0);
+}
+
+TEST(DeckGrammar, Logicals) {
+  const std::vector<std::pair<std::string, bool>> forms = {
+      {".true.", true}, {".false.", false}, {"T", true},      {"F", false},  {".t.", true},
+      {".f.", false},   {"true", true},     {"false", false}, {".TRUE.", true}, {"t", true},
+      {".tomato", true}, {"f", false}};
+  for (const auto& [text, want] : forms) {
+    // Start from the opposite value so a no-op would be caught.
+    Config c = deck::parse_text(cat("&run trace = ", text, " /\n&checkpoint save_final=", text, "/"),
+                                "l.nml");
+    EXPECT_EQ(c.run.trace, want) << text;
+    EXPECT_EQ(c.checkpoint.save_final, want) << text;
+  }
+  Config c = deck::parse_text("&parallel sequence_parallel = t strict_topology = T /", "l.nml");
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_TRUE(c.parallel.strict_topology);
+}
+
+TEST(DeckGrammar, Strings) {
+  Config c = deck::parse_text(
+      "&run name = 'it''s', out_dir = \"say \"\"hi\"\" / ! not a comment\" /\n"
+      "&data path = '' /\n&model init_from = \"a'b\" /",
+      "s.nml");
+  EXPECT_EQ(c.run.name, "it's");
+  EXPECT_EQ(c.run.out_dir, "say \"hi\" / ! not a comment");
+  EXPECT_EQ(c.data.path, "");
+  EXPECT_EQ(c.model.init_from, "a'b");
+}
+
+TEST(DeckGrammar, ArraysIndicesRepeatsAndNulls) {
+  auto order = [](const std::string& items) {
+    return deck::parse_text("&parallel " + items + " /", "a.nml").parallel.order;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(order("order = 'p', 'd', 'e', 'c', 't'"), (V{"p", "d", "e", "c", "t"}));
+  EXPECT_EQ(order("order = 'p' 'd'\n 'e'\n 'c' 't'"), (V{"p", "d", "e", "c", "t"}));
+  EXPECT_EQ(order("order(2) = 'd'"), (V{"t", "d", "e", "d", "p"}));
+  EXPECT_EQ(order("order(4) = 'c', 'c'"), (V{"t", "c", "e", "c", "c"}));
+  EXPECT_EQ(order("order = 2*'d', 'c'"), (V{"d", "d", "c", "d", "p"}));
+  EXPECT_EQ(order("order = 5*'e'"), (V{"e", "e", "e", "e", "e"}));
+  EXPECT_EQ(order("order = , 'p'"), (V{"t", "p", "e", "d", "p"}));
+  EXPECT_EQ(order("order = 'p', , , 't'"), (V{"p", "c", "e", "t", "p"}));
+  EXPECT_EQ(order("order = 2*, 'c', 't',"), (V{"t", "c", "c", "t", "p"}));
+  EXPECT_EQ(order("order = 'p',,,,,,,"), (V{"p", "c", "e", "d", "p"}));  // trailing nulls
+  EXPECT_EQ(order("order(1) = 'd', order(5) = 't'"), (V{"d", "c", "e", "d", "t"}));
+  EXPECT_EQ(order("order ( 3 ) = 'p'"), (V{"t", "c", "p", "d", "p"}));
+  // Repeat counts on numbers; a null scalar leaves the default.
+  Config c = deck::parse_text("&model n_layer = 1*6, d_model = , n_head=2 /", "r.nml");
+  EXPECT_EQ(c.model.n_layer, 6);
+  EXPECT_EQ(c.model.d_model, 128);
+  EXPECT_EQ(c.model.n_head, 2);
+}
+
+TEST(DeckGrammar, ItemSeparatorsAndTerminators) {
+  Config a = deck::parse_text("&model n_layer=2,d_model=64,n_head=8/", "s.nml");
+  Config b = deck::parse_text(
+      "&model\n  n_layer = 2\n\n  d_model = 64   ! width\n  n_head = 8\n&end\n", "s.nml");
+  Config c = deck::parse_text(
+      "notes before the deck\n&model n_layer = 2 d_model = 64 , , n_head = 8 &END\nnotes after /\n",
+      "s.nml");
+  Config d = deck::parse_text("\r\n&model\r\n\tn_layer = 2\r\n\td_model = 64\r\n\tn_head = 8\r\n/\r\n", "s.nml");
+  EXPECT_EQ(a.model.n_layer, 2);
+  EXPECT_EQ(a.model.d_model, 64);
+  EXPECT_EQ(a.model.n_head, 8);
+  EXPECT_TRUE(deck::same_values(a, b));
+  EXPECT_TRUE(deck::same_values(a, c));
+  EXPECT_TRUE(deck::same_values(a, d));
+}
+
+TEST(DeckGrammar, MissingFile) {
+  EXPECT_EQ(error_of([] { deck::parse_file("/nonexistent/x.nml"); }),
+            "cannot open deck '/nonexistent/x.nml': No such file or directory");
+}
+
+// --- malformed decks: exact file:line:column and message ---------------------------
+
+TEST(DeckErrors, MalformedDecks) {
+  struct Case {
+    const char* deck;
+    const char* message;
+  };
+  const Case cases[] = {
+      // unknown names, with and without a suggestion
+      {"&modle\n n_layer = 2\n/\n", "deck.nml:1:1: unknown group '&modle' (did you mean '&model'?)"},
+      {"&optimizer lr = 1 /", "deck.nml:1:1: unknown group '&optimizer'"},
+      {"&parallel\n  tpp = 2\n/\n", "deck.nml:2:3: unknown key 'tpp' in &parallel (did you mean 'tp'?)"},
+      {"&PARALLEL\n  TPP = 2 /", "deck.nml:2:3: unknown key 'TPP' in &parallel (did you mean 'tp'?)"},
+      {"&run\n  colour = 3\n/", "deck.nml:2:3: unknown key 'colour' in &run"},
+      // wrong types
+      {"&parallel\n  tp = abc\n/", "deck.nml:2:8: expected an integer for parallel%tp, got 'abc'"},
+      {"&model n_layer = 4.0 /", "deck.nml:1:18: expected an integer for model%n_layer, got '4.0'"},
+      {"&model n_layer = '4' /", "deck.nml:1:18: expected an integer for model%n_layer, got the string '4'"},
+      {"&run seed = 99999999999999999999 /",
+       "deck.nml:1:13: expected an integer for run%seed, got '99999999999999999999' (beyond the 64-bit range)"},
+      {"&train\n lr = 1.0q-3\n/", "deck.nml:2:7: expected a real number for train%lr, got '1.0q-3'"},
+      {"&train lr = 1e999 /", "deck.nml:1:13: expected a real number for train%lr, got '1e999'"},
+      {"&run trace = yes /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got 'yes'"},
+      {"&run trace = 1 /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '1'"},
+      {"&model dtype = fp64 /",
+       "deck.nml:1:16: expected a quoted string for model%dtype, got fp64 (write it as 'fp64')"},
+      {"&run\r\n  steps = x\r\n/\r\n", "deck.nml:2:11: expected an integer for run%steps, got 'x'"},
+      // ranges and choices
+      {"&parallel zero = 4 /", "deck.nml:1:18: parallel%zero = 4 is out of range: must be in [0, 3]"},
+      {"&run\n steps = -5\n/", "deck.nml:2:10: run%steps = -5 is out of range: must be >= 0"},
+      {"&parallel bucket_mb = 0.0 /",
+       "deck.nml:1:23: parallel%bucket_mb = 0.0 is out of range: must be >= 0.001"},
+      {"&model dtype = 'fp16' /", "deck.nml:1:16: model%dtype = 'fp16' is not one of 'fp32', 'fp64', 'bf16'"},
+      {"&train optimizer = 'adam' /", "deck.nml:1:20: train%optimizer = 'adam' is not one of 'adamw', 'sgd'"},
+      {"&parallel order(3) = 'x' /",
+       "deck.nml:1:22: parallel%order(3) = 'x' is not one of 't', 'c', 'e', 'd', 'p'"},
+      // duplicates
+      {"&model\n n_layer = 2\n d_model = 64\n N_LAYER = 3\n/",
+       "deck.nml:4:2: duplicate key model%n_layer (first set at line 2)"},
+      {"&parallel\n order = 't', 'c', 'e', 'd', 'p'\n order(2) = 'c'\n/",
+       "deck.nml:3:2: duplicate key parallel%order(2) (first set at line 2)"},
+      {"&run\n\tname = 'x'\n\tname = 'y'\n/", "deck.nml:3:2: duplicate key run%name (first set at line 2)"},
+      {"&run /\n&model /\n&run steps = 1 /", "deck.nml:3:1: duplicate group &run (first at line 1)"},
+      // strings and groups that do not end
+      {"&run\n name = 'abc\n/", "deck.nml:2:9: unterminated string (a string must end on the line it starts)"},
+      {"&run name = \"abc", "deck.nml:1:13: unterminated string (a string must end on the line it starts)"},
+      {"&run\n steps = 5\n", "deck.nml:1:1: unterminated group &run (the file ends before its closing '/')"},
+      {"\n\n  &model n_layer = 2", "deck.nml:3:3: unterminated group &model (the file ends before its closing '/')"},
+      {"&run steps = 5\n&model n_layer = 2 /", "deck.nml:2:1: &run is not closed before '&model' (missing '/')"},
+      {"! nothing\n&end\n", "deck.nml:2:1: '&end' outside a group"},
+      {"& run /", "deck.nml:1:1: expected a group name after '&'"},
+      // array indices and value counts
+      {"&parallel order(6) = 'p' /",
+       "deck.nml:1:17: bad array index (6) for parallel%order: expected an integer in 1..5"},
+      {"&parallel order(0) = 'p' /",
+       "deck.nml:1:17: bad array index (0) for parallel%order: expected an integer in 1..5"},
+      {"&parallel order(1:2) = 'p' /",
+       "deck.nml:1:17: bad array index (1:2) for parallel%order: expected an integer in 1..5"},
+      {"&parallel tp(1) = 2 /", "deck.nml:1:13: parallel%tp is a scalar and takes no array index"},
+      {"&parallel order = 't','c','e','d','p','t' /",
+       "deck.nml:1:39: too many values for parallel%order (it has 5 elements)"},
+      {"&parallel order(4) = 'd', 'p', 't' /",
+       "deck.nml:1:32: too many values for parallel%order (it has 5 elements)"},
+      {"&parallel order = 6*'t' /", "deck.nml:1:19: too many values for parallel%order (it has 5 elements)"},
+      {"&parallel tp = 2, 4 /", "deck.nml:1:19: too many values for parallel%tp (it is a scalar)"},
+      {"&run name = 'a' 'b' /", "deck.nml:1:17: too many values for run%name (it is a scalar)"},
+      {"&parallel order = 0*'t' /", "deck.nml:1:19: bad repeat count in '0*'"},
+      // item syntax
+      {"&model\n n_layer 4\n/", "deck.nml:2:10: expected '=' after 'n_layer'"},
+      {"&model n_layer = 4) /", "deck.nml:1:19: expected ',' or a blank after '4', got ')'"},
+      {"&run 'x' = 1 /", "deck.nml:1:6: expected a key name in &run, got a string"},
+      {"&run = 3 /", "deck.nml:1:6: expected a key name in &run, got '='"},
+  };
+  for (const Case& c : cases) EXPECT_EQ(parse_error(c.deck), c.message) << "deck:\n" << c.deck;
+  EXPECT_GE(sizeof cases / sizeof cases[0], 25u);
+}
+
+// --- --set overrides -------------------------------------------------------------
+
+TEST(DeckOverrides, ApplyAfterTheFile) {
+  Config c = deck::parse_text("&model n_layer = 2 /\n&parallel order = 't','c','e','d','p' /", "o.nml",
+                              {"model%n_layer=8", "data%path=/x/y.txt", "parallel%order=d,t,c,e,p",
+                               "Train%LR=1.0d-3", "run%trace=T", "run%name='it''s'", "model%dtype = fp64"});
+  EXPECT_EQ(c.model.n_layer, 8);
+  EXPECT_EQ(c.data.path, "/x/y.txt");
+  EXPECT_EQ(c.parallel.order, (std::vector<std::string>{"d", "t", "c", "e", "p"}));
+  EXPECT_TRUE(bits_equal(c.train.lr, 1.0e-3));
+  EXPECT_TRUE(c.run.trace);
+  EXPECT_EQ(c.run.name, "it's");
+  EXPECT_EQ(c.model.dtype, "fp64");
+  Config q = deck::parse_text("", "o.nml", {"parallel%order='p', 'd', 'e', 'c', 't'"});
+  EXPECT_EQ(q.parallel.order, (std::vector<std::string>{"p", "d", "e", "c", "t"}));
+  EXPECT_EQ(error_of([] { deck::parse_text("", "o.nml", {"parallel%order(1)=c", "parallel%order='p'"}); }),
+            "--set parallel%order='p': duplicate key parallel%order(1) (already set by an earlier --set)");
+  Config e = deck::parse_text("", "o.nml", {"parallel%order(2)=d", "run%name=a, b"});
+  EXPECT_EQ(e.parallel.order, (std::vector<std::string>{"t", "d", "e", "d", "p"}));
+  EXPECT_EQ(e.run.name, "a, b");
+}
+
+TEST(DeckOverrides, Errors) {
+  EXPECT_EQ(set_error({"parallel%tpp=2"}), "--set parallel%tpp=2: unknown key 'tpp' in &parallel (did you mean 'tp'?)");
+  EXPECT_EQ(set_error({"modle%n_layer=2"}), "--set modle%n_layer=2: unknown group '&modle' (did you mean '&model'?)");
+  EXPECT_EQ(set_error({"n_layer=2"}), "--set n_layer=2: expected group%key=value");
+  EXPECT_EQ(set_error({"model%n_layer"}), "--set model%n_layer: expected group%key=value");
+  EXPECT_EQ(set_error({"model%n_layer=abc"}), "--set model%n_layer=abc: expected an integer for model%n_layer, got 'abc'");
+  EXPECT_EQ(set_error({"model%n_layer="}), "--set model%n_layer=: no value given");
+  EXPECT_EQ(set_error({"model%n_layer=2 3"}), "--set model%n_layer=2 3: too many values for model%n_layer (it is a scalar)");
+  EXPECT_EQ(set_error({"model%n_layer=4 d_model=3"}), "--set model%n_layer=4 d_model=3: unexpected 'd_model=3' in the value");
+  EXPECT_EQ(set_error({"model%dtype=fp16"}), "--set model%dtype=fp16: model%dtype = 'fp16' is not one of 'fp32', 'fp64', 'bf16'");
+  EXPECT_EQ(set_error({"parallel%order(7)=t"}),
+            "--set parallel%order(7)=t: bad array index (7) for parallel%order: expected an integer in 1..5");
+  EXPECT_EQ(set_error({"parallel%order=t,c,e,d,p,t"}),
+            "--set parallel%order=t,c,e,d,p,t: too many values for parallel%order (it has 5 elements)");
+  EXPECT_EQ(set_error({"parallel%zero=9"}), "--set parallel%zero=9: parallel%zero = 9 is out of range: must be in [0, 3]");
+  EXPECT_EQ(set_error({"model%n_layer=2", "model%n_layer=3"}),
+            "--set model%n_layer=3: duplicate key model%n_layer (already set by an earlier --set)");
+  EXPECT_EQ(set_error({"run%name='abc"}), "--set run%name='abc: unterminated string (a string must end on the line it starts)");
+}
+
+// --- cross-field validation -------------------------------------------------------
+
+TEST(DeckValidate, ResolvesDataParallelAndAcceptsGoodDecks) {
+  Config c = deck::defaults();
+  c.deck_path = "deck.nml";
+  c.parallel.tp = 2;
+  c.train.micro_batch = 2;
+  deck::validate(c, 8);
+  EXPECT_EQ(c.parallel.dp, 4);
+  Config d = deck::defaults();
+  deck::validate(d, 1);
+  EXPECT_EQ(d.parallel.dp, 1);
+  // A full 5-axis grid on 32 ranks: D2 T2 P2 C2 E2.
+  Config g = deck::parse_text(
+      "&model n_expert = 4, n_layer = 8, seq_len = 64 /\n"
+      "&parallel dp = 2, tp = 2, pp = 2, cp = 2, ep = 2, virtual_stages = 2, pp_schedule = 'interleaved',"
+      " sequence_parallel = .true., order = 'p','d','e','c','t' /\n"
+      "&train global_batch = 32, micro_batch = 4 /",
+      "deck.nml");
+  deck::validate(g, 32);
+  EXPECT_EQ(g.parallel.dp, 2);
+}
+
+TEST(DeckValidate, CrossFieldErrors) {
+  struct Case {
+    int world;
+    std::function<void(Config&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {4, [](Config& c) { c.parallel.tp = 3; },
+       "parallel%dp = -1 needs the world size 4 to be a multiple of tp*pp*cp*ep = 3*1*1*1 = 3"},
+      {4, [](Config& c) { c.parallel.dp = 2; },
+       "parallel%dp*tp*pp*cp*ep = 2*1*1*1*1 = 2 does not match the world size 4"},
+      {1, [](Config& c) { c.model.d_model = 130; }, "model%n_head = 4 does not divide model%d_model = 130"},
+      {3, [](Config& c) { c.parallel.tp = 3; }, "parallel%tp = 3 does not divide model%n_head = 4"},
+      {4, [](Config& c) { c.model.n_layer = 6, c.parallel.pp = 4; },
+       "parallel%pp*virtual_stages = 4*1 = 4 does not divide model%n_layer = 6"},
+      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.virtual_stages = 2; },
+       "parallel%virtual_stages = 2 needs parallel%pp_schedule = 'interleaved' (got '1f1b')"},
+      {1, [](Config& c) { c.parallel.virtual_stages = 2, c.parallel.pp_schedule = "interleaved"; },
+       "parallel%virtual_stages = 2 needs parallel%pp > 1"},
+      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_schedule = "interleaved"; },
+       "parallel%pp_schedule = 'interleaved' needs parallel%virtual_stages > 1"},
+      {2, [](Config& c) { c.train.global_batch = 12, c.train.micro_batch = 4; },
+       "train%micro_batch*parallel%dp*parallel%ep = 4*2*1 = 8 does not divide train%global_batch = 12"},
+      {2, [](Config& c) { c.parallel.cp = 2, c.model.seq_len = 66; },
+       "2*parallel%cp = 4 does not divide model%seq_len = 66 (context parallel splits a sequence in 2*cp chunks)"},
+      {4, [](Config& c) { c.model.n_expert = 6, c.parallel.ep = 4, c.train.micro_batch = 4; },
+       "parallel%ep = 4 does not divide model%n_expert = 6"},
+      {2, [](Config& c) { c.parallel.ep = 2, c.train.micro_batch = 8; },
+       "parallel%ep = 2 needs model%n_expert > 0 (the model has no experts)"},
+      {1, [](Config& c) { c.model.n_expert = 2, c.model.top_k = 3; }, "model%top_k = 3 exceeds model%n_expert = 2"},
+      {4, [](Config& c) { c.parallel.tp = 4, c.parallel.sequence_parallel = true, c.train.micro_batch = 1,
+                          c.train.global_batch = 1, c.model.seq_len = 6; },
+       "parallel%sequence_parallel needs parallel%tp = 4 to divide "
+       "train%micro_batch*model%seq_len/parallel%cp = 1*6/1 = 6"},
+      {1, [](Config& c) { c.parallel.order = {"t", "t", "e", "d", "p"}; },
+       "parallel%order = 't', 't', 'e', 'd', 'p' is not a permutation of t, c, e, d, p"},
+      {1, [](Config& c) { c.data.source = "bytes", c.data.path = "x.txt", c.model.vocab = 100; },
+       "data%source = 'bytes' needs model%vocab >= 256 (got 100)"},
+      {1, [](Config& c) { c.data.source = "u16"; }, "data%source = 'u16' needs a file in data%path"},
+      {1, [](Config& c) { c.data.source = "bytes"; }, "data%source = 'bytes' needs a file in data%path"},
+      {1, [](Config& c) { c.model.dtype = "bf16"; }, "model%dtype = 'bf16' needs backend%device = 'cuda' (got 'cpu')"},
+      {1, [](Config& c) { c.parallel.tp = 0; }, "parallel%tp = 0 is out of range: must be >= 1"},
+      {1, [](Config& c) { c.model.dtype = "fp8"; }, "model%dtype = 'fp8' is not one of 'fp32', 'fp64', 'bf16'"},
+  };
+  for (const Case& k : cases) {
+    Config c = deck::defaults();
+    c.deck_path = "deck.nml";
+    k.change(c);
+    EXPECT_EQ(error_of([&] { deck::validate(c, k.world); }), "deck.nml: " + k.message);
+  }
+  Config cuda = deck::defaults();
+  cuda.deck_path = "deck.nml";
+  cuda.backend.device = "cuda";
+#ifdef PTRAIN_ENABLE_CUDA
+  EXPECT_EQ(error_of([&] { deck::validate(cuda, 1); }), "no error");
+#else
+  EXPECT_EQ(error_of([&] { deck::validate(cuda, 1); }),
+            "deck.nml: backend%device = 'cuda': this ptrain was built without CUDA "
+            "(configure with -DPTRAIN_ENABLE_CUDA=ON)");
+#endif
+}
+
+TEST(DeckValidate, VocabularyIsNotCheckedAgainstTensorParallel) {
+  Config c = deck::defaults();
+  c.model.vocab = 257;  // padded later, not rejected
+  c.parallel.tp = 2;
+  EXPECT_NO_THROW(deck::validate(c, 2));
+}
+
+// --- echo and reference --------------------------------------------------------------
+
+namespace {
+
+// Every key moved off its default, within its range and choices.
+Config every_key_changed() {
+  Config c = deck::defaults();
+  for (const deck::KeySpec& s : deck::key_specs()) {
+    for (int i = 0; i < s.size(); ++i) {
+      deck::Value d = s.get(c, i);
+      switch (s.type) {
+        case deck::KeyType::Int: {
+          std::int64_t x = std::get<std::int64_t>(d);
+          s.set(c, i, deck::Value(std::int64_t(s.hi.limited && x + 1 > s.hi.as_int ? x - 1 : x + 1)));
+          break;
+        }
+        case deck::KeyType::Real: {
+          double x = std::get<double>(d);
+          for (double v : {std::nextafter(0.1, 1.0), 1.0 / 3.0, 0.7, 2.5e-7, 12345.678901234567}) {
+            bool in = (!s.lo.limited || v >= s.lo.as_real) && (!s.hi.limited || v <= s.hi.as_real);
+            if (in && v != x) {
+              s.set(c, i, deck::Value(v));
+              break;
+            }
+          }
+          break;
+        }
+        case deck::KeyType::Bool:
+          s.set(c, i, deck::Value(!std::get<bool>(d)));
+          break;
+        case deck::KeyType::Str: {
+          std::string x = std::get<std::string>(d), v = "it's \"quoted\" / ! & % " + s.key;
+          if (!s.choices.empty()) {
+            v = s.choices[s.choices.size() - 1 - static_cast<std::size_t>(i) % s.choices.size()];
+            if (s.extent == 0 && v == x) v = s.choices[0];
+          }
+          s.set(c, i, deck::Value(v));
+          break;
+        }
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST(DeckEcho, DefaultsRoundTripAndAreMarked) {
+  Config d = deck::defaults();
+  std::string text = deck::echo(d);
+  Config back = deck::parse_text(text, "echo.nml");
+  EXPECT_TRUE(deck::same_values(d, back));
+  std::istringstream lines(text);
+  std::string line;
+  std::size_t keys = 0, marked = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("    ", 0) != 0) continue;
+    ++keys;
+    if (line.size() >= 9 && line.compare(line.size() - 9, 9, "! default") == 0) ++marked;
+  }
+  EXPECT_EQ(keys, deck::key_specs().size());
+  EXPECT_EQ(marked, keys);
+}
+
+TEST(DeckEcho, EveryKeyChangedRoundTrips) {
+  Config c = every_key_changed();
+  c.deck_path = "echo.nml";
+  Config d = deck::defaults();
+  for (const deck::KeySpec& s : deck::key_specs())
+    EXPECT_NE(deck::value_text(c, s), deck::value_text(d, s)) << s.name();
+  std::string text = deck::echo(c);
+  EXPECT_EQ(text.find("! default"), text.find("! default\"")) << "only the header mentions it:\n" << text;
+  Config back = deck::parse_text(text, "echo.nml");
+  EXPECT_TRUE(deck::same_values(c, back)) << text;
+  EXPECT_EQ(deck::echo(back), text);
+}
+
+TEST(DeckEcho, MarksOnlyDefaultKeysAndShowsResolvedValues) {
+  Config c = deck::parse_text("&model n_layer = 8 /", "m.nml");
+  deck::validate(c, 1);
+  std::string text = deck::echo(c);
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    bool is_default = line.find("! default") != std::string::npos;
+    if (line.find(" n_layer ") != std::string::npos) {
+      EXPECT_NE(line.find("= 8"), std::string::npos);
+      EXPECT_FALSE(is_default) << line;
+    }
+    if (line.find(" dp ") != std::string::npos) {
+      EXPECT_NE(line.find("= 1"), std::string::npos);  // resolved from -1
+      EXPECT_FALSE(is_default) << line;
+    }
+    if (line.find(" d_model ") != std::string::npos) {
+      EXPECT_TRUE(is_default) << line;
+    }
+  }
+}
+
+TEST(DeckEcho, RealsRoundTripBitForBit) {
+  for (double x : {std::nextafter(0.1, 1.0), 1.0 / 3.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
+                   1e22, 123456789012345680000.0, 3e-4, 0.0, 100.0, 1e-7, 9007199254740993.0,
+                   4503599627370497.5, 1e15 + 0.25}) {
+    Config c = deck::defaults();
+    c.train.lr = x;
+    Config back = deck::parse_text(deck::echo(c), "r.nml");
+    EXPECT_TRUE(bits_equal(back.train.lr, x)) << deck::format_value(x);
+  }
+  EXPECT_EQ(deck::format_value(100.0), "100.0");
+  EXPECT_EQ(deck::format_value(-2.5), "-2.5");
+  EXPECT_EQ(deck::format_value(1e16), "1e+16");
+  EXPECT_EQ(deck::format_value(1234567890123456.0), "1234567890123456.0");
+  EXPECT_EQ(deck::format_value(1e-8), "1e-08");
+  EXPECT_EQ(deck::format_value(-0.0), "-0.0");
+  EXPECT_EQ(deck::format_value(3e-4), "0.0003");
+  EXPECT_EQ(deck::format_value(std::string("it's")), "'it''s'");
+}
+
+TEST(DeckEcho, ExampleDecksRoundTrip) {
+  std::string dir = PTRAIN_SOURCE_DIR "/input";
+  int decks = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name.size() < 4 || name.compare(name.size() - 4, 4, ".nml") != 0) continue;
+      Config c = deck::parse_file(dir + "/" + name);
+      Config back = deck::parse_text(deck::echo(c), c.deck_path);
+      EXPECT_TRUE(deck::same_values(c, back)) << name;
+      ++decks;
+    }
+    closedir(d);
+  }
+  std::printf("round-tripped %d deck(s) from %s\n", decks, dir.c_str());
+}
+
+TEST(DeckHelp, ListsEveryGroupAndKey) {
+  std::string help = deck::help_deck();
+  for (const auto& g : deck::group_specs()) EXPECT_NE(help.find("## &" + g.name + "\n"), std::string::npos) << g.name;
+  for (const auto& s : deck::key_specs()) EXPECT_NE(help.find("| `" + s.key + "` |"), std::string::npos) << s.name();
+  EXPECT_NE(help.find("| `dtype` | string | `'fp32'` | `'fp32'`, `'fp64'`, `'bf16'` |"), std::string::npos);
+  EXPECT_NE(help.find("| `zero` | integer | `0` | 0 to 3 |"), std::string::npos);
+  EXPECT_NE(help.find("| `order` | string(5) | `'t', 'c', 'e', 'd', 'p'` |"), std::string::npos);
+}
+
+// --- MPI load ---------------------------------------------------------------------
+
+class DeckLoad : public testing::Test {
+ protected:
+  void SetUp() override { dir_ = shared_temp_dir(); }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) {
+      for (const std::string& f : files_) std::remove(f.c_str());
+      rmdir(dir_.c_str());
+    }
+  }
+  std::string deck(const std::string& name, const std::string& text) {
+    std::string path = dir_ + "/" + name;
+    if (world_rank() == 0) write_file(path, text);
+    files_.push_back(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    return path;
+  }
+  // load's error message; expects the same on every rank.
+  std::string load_error(const std::string& path, const std::vector<std::string>& overrides = {}) {
+    std::string mine = error_of([&] { deck::load(MPI_COMM_WORLD, path, overrides, world_size()); });
+    EXPECT_EQ(bcast_string(mine), mine);
+    return mine;
+  }
+  std::string dir_;
+  std::vector<std::string> files_;
+};
+
+TEST_F(DeckLoad, EveryRankGetsTheSameConfig) {
+  std::string path = deck("good.nml",
+                          "&model n_layer = 8 /\n&train global_batch = 32, micro_batch = 2, lr = 1.5d-3 /\n");
+  Config c = deck::load(MPI_COMM_WORLD, path, {"run%name=loaded", "train%min_lr=0.1"}, world_size());
+  EXPECT_EQ(c.parallel.dp, world_size());
+  EXPECT_EQ(c.model.n_layer, 8);
+  EXPECT_EQ(c.run.name, "loaded");
+  EXPECT_TRUE(bits_equal(c.train.lr, 1.5e-3));
+  EXPECT_TRUE(bits_equal(c.train.min_lr, 0.1));
+  EXPECT_EQ(c.deck_path, path);
+  std::string mine = deck::echo(c);
+  EXPECT_EQ(bcast_string(mine), mine);
+  // The same as reading it here and validating by hand.
+  Config here = deck::parse_file(path, {"run%name=loaded", "train%min_lr=0.1"});
+  deck::validate(here, world_size());
+  EXPECT_TRUE(deck::same_values(c, here));
+}
+
+TEST_F(DeckLoad, ParseErrorOnEveryRank) {
+  std::string path = deck("bad.nml", "&model\n  n_layr = 8\n/\n");
+  EXPECT_EQ(load_error(path), path + ":2:3: unknown key 'n_layr' in &model (did you mean 'n_layer'?)");
+}
+
+TEST_F(DeckLoad, MissingFileOnEveryRank) {
+  std::string path = dir_ + "/missing.nml";
+  EXPECT_EQ(load_error(path), "cannot open deck '" + path + "': No such file or directory");
+}
+
+TEST_F(DeckLoad, ValidationErrorOnEveryRank) {
+  std::string path = deck("grid.nml", "&parallel dp = 3 /\n");
+  EXPECT_EQ(load_error(path), cat(path, ": parallel%dp*tp*pp*cp*ep = 3*1*1*1*1 = 3 does not match the world size ",
+                                  world_size()));
+}
+
+TEST_F(DeckLoad, OverrideErrorOnEveryRank) {
+  std::string path = deck("ok.nml", "&run steps = 3 /\n");
+  EXPECT_EQ(load_error(path, {"parallel%tpp=2"}),
+            "--set parallel%tpp=2: unknown key 'tpp' in &parallel (did you mean 'tp'?)");
+}

@@ -1,0 +1,149 @@
+// deck/validate.cpp — checks across keys, after parsing. Never fixes a deck silently:
+// the only thing resolved is parallel%dp = -1 (documented as "whatever is left").
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "deck/deck.hpp"
+#include "deck/detail.hpp"
+#include "util/error.hpp"
+
+namespace ptrain::deck {
+namespace {
+
+using I64 = std::int64_t;
+
+struct Checker {
+  std::string file;
+
+  [[noreturn]] void fail(const std::string& message) const {
+    throw Error(cat(file, ": ", message), kExitInput);
+  }
+  void require(bool ok, const std::string& message) const {
+    if (!ok) fail(message);
+  }
+  // a*b for a, b >= 0 (the range checks run first), or an error naming what overflowed.
+  I64 mul(I64 a, I64 b, const std::string& what) const {
+    if (b != 0 && a > std::numeric_limits<I64>::max() / b) fail(cat(what, " overflows a 64-bit integer"));
+    return a * b;
+  }
+};
+
+std::string q(const std::string& s) { return format_value(s); }
+
+}  // namespace
+
+void validate(Config& c, int world_size) {
+  Checker ck{c.deck_path.empty() ? std::string("<deck>") : c.deck_path};
+  const auto& m = c.model;
+  auto& p = c.parallel;
+  const auto& t = c.train;
+  const auto& d = c.data;
+  ck.require(world_size >= 1, cat("world size ", world_size, " must be at least 1"));
+  // Every key's own range and choices again: a Config may also be built in code.
+  for (const KeySpec& spec : key_specs()) {
+    for (int i = 0; i < spec.size(); ++i) {
+      Value v;
+      try {
+        v = spec.get(c, i);
+      } catch (const std::out_of_range&) {
+        ck.fail(cat(spec.name(), " must have ", spec.extent, " elements"));
+      }
+      std::string why = detail::value_error(spec, i, v);
+      if (!why.empty()) ck.fail(why);
+    }
+  }
+
+  // The grid: D*T*P*C*E must be the world size.
+  I64 tpce = ck.mul(ck.mul(ck.mul(p.tp, p.pp, "tp*pp"), p.cp, "tp*pp*cp"), p.ep, "tp*pp*cp*ep");
+  if (p.dp == -1) {
+    ck.require(world_size % tpce == 0,
+               cat("parallel%dp = -1 needs the world size ", world_size, " to be a multiple of tp*pp*cp*ep = ",
+                   p.tp, "*", p.pp, "*", p.cp, "*", p.ep, " = ", tpce));
+    p.dp = world_size / tpce;
+  }
+  ck.require(p.dp >= 1, cat("parallel%dp = ", p.dp, " must be >= 1 (or -1)"));
+  I64 ranks = ck.mul(p.dp, tpce, "dp*tp*pp*cp*ep");
+  ck.require(ranks == world_size, cat("parallel%dp*tp*pp*cp*ep = ", p.dp, "*", p.tp, "*", p.pp, "*", p.cp,
+                                      "*", p.ep, " = ", ranks, " does not match the world size ",
+                                      world_size));
+
+  // Axis order: a permutation of t,c,e,d,p.
+  {
+    std::vector<std::string> sorted = p.order, want = {"c", "d", "e", "p", "t"};
+    std::sort(sorted.begin(), sorted.end());
+    std::string shown;
+    for (std::size_t i = 0; i < p.order.size(); ++i) shown += (i ? ", " : "") + q(p.order[i]);
+    ck.require(sorted == want, cat("parallel%order = ", shown, " is not a permutation of t, c, e, d, p"));
+  }
+
+  // Model shapes against tensor parallelism.
+  ck.require(m.d_model % m.n_head == 0,
+             cat("model%n_head = ", m.n_head, " does not divide model%d_model = ", m.d_model));
+  ck.require(m.n_head % p.tp == 0, cat("parallel%tp = ", p.tp, " does not divide model%n_head = ", m.n_head));
+  I64 ffn = ck.mul(m.ffn_mult, m.d_model, "model%ffn_mult*d_model");
+  ck.require(ffn % p.tp == 0, cat("parallel%tp = ", p.tp, " does not divide the MLP width model%ffn_mult*d_model = ",
+                                  m.ffn_mult, "*", m.d_model, " = ", ffn));
+
+  // Pipeline: every stage chunk gets the same number of layers; none are dropped.
+  I64 chunks = ck.mul(p.pp, p.virtual_stages, "parallel%pp*virtual_stages");
+  ck.require(m.n_layer % chunks == 0, cat("parallel%pp*virtual_stages = ", p.pp, "*", p.virtual_stages, " = ",
+                                          chunks, " does not divide model%n_layer = ", m.n_layer));
+  if (p.virtual_stages > 1) {
+    ck.require(p.pp_schedule == "interleaved",
+               cat("parallel%virtual_stages = ", p.virtual_stages,
+                   " needs parallel%pp_schedule = 'interleaved' (got ", q(p.pp_schedule), ")"));
+    ck.require(p.pp > 1, cat("parallel%virtual_stages = ", p.virtual_stages, " needs parallel%pp > 1"));
+  }
+  ck.require(p.pp_schedule != "interleaved" || p.virtual_stages > 1,
+             "parallel%pp_schedule = 'interleaved' needs parallel%virtual_stages > 1");
+
+  // Batch: every data/expert-parallel rank runs whole micro-batches.
+  I64 per_step = ck.mul(ck.mul(t.micro_batch, p.dp, "micro_batch*dp"), p.ep, "micro_batch*dp*ep");
+  ck.require(t.global_batch % per_step == 0,
+             cat("train%micro_batch*parallel%dp*parallel%ep = ", t.micro_batch, "*", p.dp, "*", p.ep, " = ",
+                 per_step, " does not divide train%global_batch = ", t.global_batch));
+
+  // Context parallel: each sequence splits into 2*cp chunks (zigzag balance).
+  if (p.cp > 1) {
+    I64 pieces = ck.mul(2, p.cp, "2*parallel%cp");
+    ck.require(m.seq_len % pieces == 0, cat("2*parallel%cp = ", pieces, " does not divide model%seq_len = ",
+                                            m.seq_len, " (context parallel splits a sequence in 2*cp chunks)"));
+  }
+
+  // Mixture of experts.
+  if (m.n_expert > 0) {
+    ck.require(m.n_expert % p.ep == 0,
+               cat("parallel%ep = ", p.ep, " does not divide model%n_expert = ", m.n_expert));
+    ck.require(m.top_k <= m.n_expert, cat("model%top_k = ", m.top_k, " exceeds model%n_expert = ", m.n_expert));
+  } else {
+    ck.require(p.ep == 1, cat("parallel%ep = ", p.ep, " needs model%n_expert > 0 (the model has no experts)"));
+  }
+
+  // Sequence parallel shards the tokens of a micro-batch over tp.
+  if (p.sequence_parallel) {
+    I64 tokens = ck.mul(t.micro_batch, m.seq_len / p.cp, "micro_batch*seq_len/cp");
+    ck.require(tokens % p.tp == 0,
+               cat("parallel%sequence_parallel needs parallel%tp = ", p.tp,
+                   " to divide train%micro_batch*model%seq_len/parallel%cp = ", t.micro_batch, "*", m.seq_len,
+                   "/", p.cp, " = ", tokens));
+  }
+
+  // Data.
+  if (d.source == "bytes")
+    ck.require(m.vocab >= 256, cat("data%source = 'bytes' needs model%vocab >= 256 (got ", m.vocab, ")"));
+  if (d.source == "bytes" || d.source == "u16")
+    ck.require(!d.path.empty(), cat("data%source = ", q(d.source), " needs a file in data%path"));
+
+  // Backend.
+  if (m.dtype == "bf16")
+    ck.require(c.backend.device == "cuda",
+               cat("model%dtype = 'bf16' needs backend%device = 'cuda' (got ", q(c.backend.device), ")"));
+#ifndef PTRAIN_ENABLE_CUDA
+  ck.require(c.backend.device != "cuda",
+             "backend%device = 'cuda': this ptrain was built without CUDA (configure with -DPTRAIN_ENABLE_CUDA=ON)");
+#endif
+}
+
+}  // namespace ptrain::deck
