@@ -1,0 +1,269 @@
+// optim/optim.cpp — schedule, segments, AdamW / SGD kernels, clipping helpers.
+#include "optim/optim.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "util/error.hpp"
+
+namespace ptrain::optim {
+
+// ---------------------------------------------------------------- schedule
+
+double LrSchedule::at(std::int64_t step) const {
+  PTRAIN_REQUIRE(step >= 1, "optim: learning rate asked for step ", step, " (steps count from 1)");
+  if (step <= warmup) return lr * double(step) / double(warmup);
+  if (decay == constant) return lr;
+  const double r =
+      steps <= warmup ? 1.0 : std::min(1.0, double(step - warmup) / double(steps - warmup));
+  return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(3.14159265358979323846 * r));
+}
+
+LrSchedule schedule_from_config(const Config& config) {
+  LrSchedule s;
+  s.lr = config.train.lr;
+  s.min_lr = config.train.min_lr;
+  s.warmup = config.train.warmup;
+  s.steps = config.run.steps;
+  PTRAIN_REQUIRE(config.train.decay == "cosine" || config.train.decay == "constant",
+                 "optim: unknown train%decay '", config.train.decay, "' (cosine or constant)");
+  s.decay = config.train.decay == "cosine" ? LrSchedule::cosine : LrSchedule::constant;
+  return s;
+}
+
+Hyper hyper_from_config(const Config& config) {
+  Hyper h;
+  h.beta1 = config.train.beta1;
+  h.beta2 = config.train.beta2;
+  h.eps = config.train.eps;
+  h.weight_decay = config.train.weight_decay;
+  return h;
+}
+
+// ---------------------------------------------------------------- segments
+
+std::vector<Segment> shard_segments(const std::vector<Segment>& segments, std::size_t lo,
+                                    std::size_t hi) {
+  PTRAIN_REQUIRE(lo <= hi, "optim: shard range [", lo, ", ", hi, ") is reversed");
+  std::vector<Segment> out;
+  std::size_t covered = lo;  // everything in [lo, covered) is assigned
+  for (std::size_t k = 0; k < segments.size(); ++k) {
+    const Segment& s = segments[k];
+    PTRAIN_REQUIRE(s.begin <= s.end && (k == 0 || s.begin == segments[k - 1].end),
+                   "optim: decay segments must be sorted and contiguous; segment ", k, " is [",
+                   s.begin, ", ", s.end, ")");
+    const std::size_t b = std::max(s.begin, lo), e = std::min(s.end, hi);
+    if (b >= e) continue;
+    PTRAIN_REQUIRE(b == covered, "optim: decay segments leave [", covered, ", ", b,
+                   ") of the shard uncovered");
+    covered = e;
+    if (!out.empty() && out.back().decay == s.decay)
+      out.back().end = e - lo;
+    else
+      out.push_back(Segment{b - lo, e - lo, s.decay});
+  }
+  PTRAIN_REQUIRE(covered == hi, "optim: decay segments leave [", covered, ", ", hi,
+                 ") of the shard uncovered");
+  return out;
+}
+
+// ---------------------------------------------------------------- kernels
+
+namespace detail {
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T square_root(T x) {
+#if KOKKOS_VERSION >= 40000
+  return Kokkos::sqrt(x);
+#else
+  return Kokkos::Experimental::sqrt(x);
+#endif
+}
+
+// Index of the merged segment holding element i: the first with end > i.
+KOKKOS_INLINE_FUNCTION bool decayed(const Kokkos::View<const std::uint64_t*>& ends,
+                                    const Kokkos::View<const std::uint8_t*>& flags,
+                                    std::uint64_t i) {
+  std::size_t a = 0, b = ends.extent(0);
+  while (a < b) {
+    const std::size_t mid = (a + b) / 2;
+    if (ends(mid) > i)
+      b = mid;
+    else
+      a = mid + 1;
+  }
+  return flags(a) != 0;
+}
+
+template <class T>
+struct AdamWCoeffs {
+  T keep;        // 1 - lr*wd on decayed elements
+  T b1, one_b1;  // beta1, 1 - beta1
+  T b2, one_b2;  // beta2, 1 - beta2
+  T step_size;   // lr / (1 - beta1^t)
+  T sqrt_bc2;    // sqrt(1 - beta2^t)
+  T eps;
+};
+
+// p, g, m, v: (n,) — the shard. Operation order as torch.optim.AdamW (single tensor).
+template <class T>
+void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
+                  const Kokkos::View<T*>& m, const Kokkos::View<T*>& v,
+                  const Kokkos::View<const std::uint64_t*>& ends,
+                  const Kokkos::View<const std::uint8_t*>& flags, const AdamWCoeffs<T> c) {
+  Kokkos::parallel_for(
+      "ptrain::optim::adamw", Kokkos::RangePolicy<>(0, p.extent(0)),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        T x = p(i);
+        if (decayed(ends, flags, std::uint64_t(i))) x *= c.keep;
+        const T gi = g(i);
+        const T mi = m(i) * c.b1 + c.one_b1 * gi;
+        const T vi = v(i) * c.b2 + c.one_b2 * gi * gi;
+        m(i) = mi;
+        v(i) = vi;
+        const T denom = square_root(vi) / c.sqrt_bc2 + c.eps;
+        p(i) = x + (-c.step_size * mi) / denom;
+      });
+}
+
+// p, g: (n,). p *= keep on decayed elements, then p -= lr*g.
+template <class T>
+void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
+                const Kokkos::View<const std::uint64_t*>& ends,
+                const Kokkos::View<const std::uint8_t*>& flags, const T keep, const T lr) {
+  Kokkos::parallel_for(
+      "ptrain::optim::sgd", Kokkos::RangePolicy<>(0, p.extent(0)),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        T x = p(i);
+        if (decayed(ends, flags, std::uint64_t(i))) x *= keep;
+        p(i) = x - lr * g(i);
+      });
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- optimizers
+
+template <class T>
+Optimizer<T>::Optimizer(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi,
+                        const Hyper& hyper)
+    : n_(hi - lo), hyper_(hyper) {
+  const std::vector<Segment> local = shard_segments(segments, lo, hi);
+  seg_end_ = TrackedView<std::uint64_t>(MemCategory::optimizer, "optim.segment_end", local.size());
+  seg_decay_ =
+      TrackedView<std::uint8_t>(MemCategory::optimizer, "optim.segment_decay", local.size());
+  auto ends = Kokkos::create_mirror_view(seg_end_.view());
+  auto flags = Kokkos::create_mirror_view(seg_decay_.view());
+  for (std::size_t k = 0; k < local.size(); ++k) {
+    ends(k) = local[k].end;
+    flags(k) = local[k].decay ? 1 : 0;
+  }
+  Kokkos::deep_copy(seg_end_.view(), ends);
+  Kokkos::deep_copy(seg_decay_.view(), flags);
+}
+
+namespace {
+void check_extents(const char* who, std::size_t n, std::size_t params, std::size_t grads,
+                   double lr) {
+  PTRAIN_REQUIRE(params == n && grads == n, "optim: ", who, " shard has ", n,
+                 " elements but got params of ", params, " and grads of ", grads);
+  PTRAIN_REQUIRE(std::isfinite(lr), "optim: ", who, " learning rate is ", lr);
+}
+}  // namespace
+
+template <class T>
+AdamW<T>::AdamW(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi,
+                const Hyper& hyper)
+    : Optimizer<T>(segments, lo, hi, hyper),
+      m_(MemCategory::optimizer, "optim.adamw.m", hi - lo),
+      v_(MemCategory::optimizer, "optim.adamw.v", hi - lo) {}  // Views start zeroed
+
+template <class T>
+void AdamW<T>::step(const typename Optimizer<T>::View& params,
+                    const typename Optimizer<T>::ConstView& grads, double lr) {
+  check_extents("AdamW", this->n_, params.extent(0), grads.extent(0), lr);
+  const Hyper& h = this->hyper_;
+  const std::int64_t t = ++this->t_;
+  detail::AdamWCoeffs<T> c;
+  c.keep = T(1.0 - lr * h.weight_decay);
+  c.b1 = T(h.beta1);
+  c.one_b1 = T(1.0 - h.beta1);
+  c.b2 = T(h.beta2);
+  c.one_b2 = T(1.0 - h.beta2);
+  c.step_size = T(lr / (1.0 - std::pow(h.beta1, double(t))));
+  c.sqrt_bc2 = T(std::sqrt(1.0 - std::pow(h.beta2, double(t))));
+  c.eps = T(h.eps);
+  detail::adamw_update<T>(params, grads, m_.view(), v_.view(), this->seg_end_.view(),
+                          this->seg_decay_.view(), c);
+}
+
+template <class T>
+std::vector<std::pair<std::string, typename Optimizer<T>::View>> AdamW<T>::state() const {
+  return {{"m", m_.view()}, {"v", v_.view()}};
+}
+
+template <class T>
+SGD<T>::SGD(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi,
+            const Hyper& hyper)
+    : Optimizer<T>(segments, lo, hi, hyper) {}
+
+template <class T>
+void SGD<T>::step(const typename Optimizer<T>::View& params,
+                  const typename Optimizer<T>::ConstView& grads, double lr) {
+  check_extents("SGD", this->n_, params.extent(0), grads.extent(0), lr);
+  ++this->t_;
+  detail::sgd_update<T>(params, grads, this->seg_end_.view(), this->seg_decay_.view(),
+                        T(1.0 - lr * this->hyper_.weight_decay), T(lr));
+}
+
+template <class T>
+std::unique_ptr<Optimizer<T>> make_optimizer(const std::string& name,
+                                             const std::vector<Segment>& segments, std::size_t lo,
+                                             std::size_t hi, const Hyper& hyper) {
+  if (name == "adamw") return std::make_unique<AdamW<T>>(segments, lo, hi, hyper);
+  if (name == "sgd") return std::make_unique<SGD<T>>(segments, lo, hi, hyper);
+  throw Error(cat("optim: unknown train%optimizer '", name, "' (adamw or sgd)"));
+}
+
+// ---------------------------------------------------------------- clipping
+
+template <class T>
+double sum_of_squares(const Kokkos::View<T*>& x) {
+  double sum = 0;
+  Kokkos::parallel_reduce(
+      "ptrain::optim::sum_of_squares", Kokkos::RangePolicy<>(0, x.extent(0)),
+      KOKKOS_LAMBDA(const std::int64_t i, double& acc) {
+        const double xi = double(x(i));
+        acc += xi * xi;
+      },
+      sum);
+  return sum;
+}
+
+double clip_factor(double global_norm, double max_norm) {
+  if (max_norm <= 0 || global_norm <= max_norm) return 1.0;
+  return max_norm / (global_norm + 1e-6);
+}
+
+template <class T>
+void scale(const Kokkos::View<T*>& x, double factor) {
+  const T f = T(factor);
+  Kokkos::parallel_for(
+      "ptrain::optim::scale", Kokkos::RangePolicy<>(0, x.extent(0)),
+      KOKKOS_LAMBDA(const std::int64_t i) { x(i) *= f; });
+}
+
+#define PTRAIN_OPTIM_INSTANTIATE(T)                                                             \
+  template class Optimizer<T>;                                                                  \
+  template class AdamW<T>;                                                                      \
+  template class SGD<T>;                                                                        \
+  template std::unique_ptr<Optimizer<T>> make_optimizer<T>(                                     \
+      const std::string&, const std::vector<Segment>&, std::size_t, std::size_t, const Hyper&); \
+  template double sum_of_squares<T>(const Kokkos::View<T*>&);                                   \
+  template double sum_of_squares<const T>(const Kokkos::View<const T*>&);                       \
+  template void scale<T>(const Kokkos::View<T*>&, double);
+PTRAIN_OPTIM_INSTANTIATE(float)
+PTRAIN_OPTIM_INSTANTIATE(double)
+#undef PTRAIN_OPTIM_INSTANTIATE
+
+}  // namespace ptrain::optim
