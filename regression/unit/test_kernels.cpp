@@ -1,0 +1,674 @@
+// ptrain-test: np=1 labels=quick timeout=120
+// Kernels against independent oracles: gemm against a naive loop, every backward against
+// central finite differences in fp64, cross-entropy against a naive softmax (also split
+// over two vocab shards), and a whole tiny GPT (fp32 against fp64, fp64 against finite
+// differences). Attention has its own file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.hpp"
+#include "kernels/detail_math.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/kernels.hpp"
+#include "util/error.hpp"
+
+using namespace ptrain;
+using namespace ptrain::kernels;
+
+namespace {
+
+using HVec = std::vector<double>;
+
+HVec random_vec(std::size_t n, unsigned seed, double lo = -1, double hi = 1) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  HVec v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+template <class T>
+Kokkos::View<T*> dev(const HVec& h) {
+  Kokkos::View<T*> v("dev", h.size());
+  auto m = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < h.size(); ++i) m(i) = T(h[i]);
+  Kokkos::deep_copy(v, m);
+  return v;
+}
+
+template <class T>
+HVec host(const Kokkos::View<T*>& v) {
+  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  HVec h(v.extent(0));
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = double(m(i));
+  return h;
+}
+
+Kokkos::View<int*> dev_ints(const std::vector<int>& h) {
+  Kokkos::View<int*> v("ints", h.size());
+  auto m = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < h.size(); ++i) m(i) = h[i];
+  Kokkos::deep_copy(v, m);
+  return v;
+}
+
+double dot(const HVec& a, const HVec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+HVec minus(const HVec& a, const HVec& b) {
+  HVec d(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+// |a - b| / max(|a|, |b|, tiny), norms over the whole vector.
+double rel_err(const HVec& a, const HVec& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, na = 0, nb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    na += a[i] * a[i];
+    nb += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max({std::sqrt(na), std::sqrt(nb), 1e-300});
+}
+
+// Central differences of f with respect to every element of x.
+HVec fd_grad(HVec x, const std::function<double(const HVec&)>& f, double h = 1e-5) {
+  HVec g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double fp = f(x);
+    x[i] = x0 - h;
+    const double fm = f(x);
+    x[i] = x0;
+    g[i] = (fp - fm) / (2 * h);
+  }
+  return g;
+}
+
+constexpr double kFdTol = 1e-6;
+
+// ---- gemm ------------------------------------------------------------------------------
+
+template <class T>
+void check_gemm_against_naive(double tol) {
+  const int M = 5, N = 4, K = 3;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int a_rows = ta ? K : M, a_cols = ta ? M : K;
+      const int b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const int lda = a_cols + 2, ldb = b_cols + 1, ldc = N + 3;
+      const std::size_t a_off = 3, b_off = 1, c_off = 2;
+      const HVec A = random_vec(a_off + a_rows * lda, 1), B = random_vec(b_off + b_rows * ldb, 2);
+      const HVec C0 = random_vec(c_off + M * ldc, 3);
+      const double alpha = 0.7, beta = 0.3;
+      auto Cv = dev<T>(C0);
+      gemm<T>(ta, tb, M, N, K, T(alpha), dev<T>(A), a_off, lda, dev<T>(B), b_off, ldb, T(beta), Cv,
+              c_off, ldc);
+      HVec expect = C0;
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+          double s = 0;
+          for (int k = 0; k < K; ++k) {
+            const double a = ta ? A[a_off + k * lda + i] : A[a_off + i * lda + k];
+            const double b = tb ? B[b_off + j * ldb + k] : B[b_off + k * ldb + j];
+            s += a * b;
+          }
+          expect[c_off + i * ldc + j] = alpha * s + beta * C0[c_off + i * ldc + j];
+        }
+      EXPECT_LT(rel_err(host(Cv), expect), tol) << "trans_a " << ta << " trans_b " << tb;
+      // the padding between rows is untouched
+      const HVec got = host(Cv);
+      for (int i = 0; i < M; ++i)
+        for (int j = N; j < ldc && c_off + i * ldc + j < got.size(); ++j)
+          EXPECT_EQ(got[c_off + i * ldc + j], double(T(C0[c_off + i * ldc + j])));
+    }
+}
+
+TEST(KernelsGemm, MatchesNaiveWithTransposesOffsetsAndStrides) {
+  check_gemm_against_naive<double>(1e-14);
+  check_gemm_against_naive<float>(1e-6);
+}
+
+TEST(KernelsGemm, BetaZeroOverwritesEvenNaN) {
+  auto C = dev<double>(HVec(6, std::numeric_limits<double>::quiet_NaN()));
+  gemm<double>(false, false, 2, 3, 1, 1.0, dev<double>({1, 2}), dev<double>({1, 2, 3}), 0.0, C);
+  EXPECT_EQ(host(C), (HVec{1, 2, 3, 2, 4, 6}));
+}
+
+TEST(KernelsGemm, RejectsMatricesOutsideTheirViews) {
+  auto A = dev<double>(HVec(6)), B = dev<double>(HVec(6)), C = dev<double>(HVec(4));
+  EXPECT_THROW(gemm<double>(false, false, 2, 2, 3, 1.0, A, 1, 3, B, 0, 2, 0.0, C, 0, 2), Error);
+  EXPECT_THROW(gemm<double>(false, false, 2, 2, 3, 1.0, A, 0, 2, B, 0, 2, 0.0, C, 0, 2), Error);
+  EXPECT_THROW(gemm<double>(false, false, 2, 2, 3, 1.0, A, 0, 3, B, 0, 2, 0.0, C, 0, 3), Error);
+  EXPECT_NO_THROW(gemm<double>(false, false, 2, 2, 3, 1.0, A, 0, 3, B, 0, 2, 0.0, C, 0, 2));
+}
+
+TEST(KernelsGemm, PeakProbeAndThreadControl) {
+  const int before = blas_threads();
+  EXPECT_GE(before, 0);
+  if (set_blas_threads(1)) {
+    EXPECT_EQ(blas_threads(), 1);
+  }
+  EXPECT_GT(measure_gemm_peak_gflops(0.02), 0.5);
+  if (before > 0) set_blas_threads(before);
+}
+
+// ---- helpers, residual, GELU ----------------------------------------------------------------
+
+template <class T>
+void check_helpers() {
+  const std::size_t n = 10007;  // several reduction chunks and a ragged tail
+  const HVec x = random_vec(n, 4), y = random_vec(n, 5);
+  auto xv = dev<T>(x), yv = dev<T>(y);
+  double ss = 0;
+  for (double v : x) ss += double(T(v)) * double(T(v));
+  EXPECT_NEAR(sum_of_squares<T>(xv), ss, 1e-12 * ss);
+  axpy(yv, T(0.5), xv);
+  HVec expect(n);
+  for (std::size_t i = 0; i < n; ++i) expect[i] = double(T(y[i]) + T(0.5) * T(x[i]));
+  EXPECT_LT(rel_err(host(yv), expect), 1e-15);
+  scale(yv, T(2));
+  for (auto& e : expect) e = double(T(e) * T(2));
+  EXPECT_LT(rel_err(host(yv), expect), 1e-15);
+  copy(yv, xv);
+  EXPECT_LT(rel_err(host(yv), host(xv)), 1e-15);
+  fill(yv, T(3));
+  EXPECT_EQ(host(yv), HVec(n, 3.0));
+  auto out = dev<T>(HVec(n));
+  residual_forward(out, xv, yv, n);
+  for (std::size_t i = 0; i < n; ++i) expect[i] = double(T(x[i]) + T(3));
+  EXPECT_LT(rel_err(host(out), expect), 1e-15);
+  EXPECT_THROW(axpy(yv, T(1), dev<T>(HVec(n - 1))), Error);
+}
+
+TEST(KernelsHelpers, FillCopyScaleAxpySumOfSquaresResidual) {
+  check_helpers<double>();
+  check_helpers<float>();
+}
+
+double gelu_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::acos(-1.0)) * (x + 0.044715 * x * x * x)));
+}
+
+TEST(KernelsGelu, ForwardMatchesFormulaInBothPrecisions) {
+  const std::size_t n = 2001;
+  HVec x(n), expect(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = -12.0 + 24.0 * double(i) / double(n - 1);
+  for (std::size_t i = 0; i < n; ++i) expect[i] = gelu_ref(x[i]);
+  auto outd = dev<double>(HVec(n));
+  gelu_forward<double>(outd, dev<double>(x), n);
+  EXPECT_LT(rel_err(host(outd), expect), 1e-14);
+  auto outf = dev<float>(HVec(n));
+  gelu_forward<float>(outf, dev<float>(x), n);
+  const HVec got = host(outf);
+  for (std::size_t i = 0; i < n; ++i)
+    EXPECT_NEAR(got[i], expect[i], 3e-7 * std::max(1.0, std::fabs(x[i]))) << "x = " << x[i];
+}
+
+TEST(KernelsGelu, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const std::size_t n = 37;
+  const HVec x = random_vec(n, 6, -4, 4), R = random_vec(n, 7), d0 = random_vec(n, 8);
+  auto loss = [&](const HVec& xx) {
+    auto out = dev<double>(HVec(n));
+    gelu_forward<double>(out, dev<double>(xx), n);
+    return dot(host(out), R);
+  };
+  auto dx = dev<double>(d0);
+  gelu_backward<double>(dx, dev<double>(x), dev<double>(R), n);
+  EXPECT_LT(rel_err(minus(host(dx), d0), fd_grad(x, loss)), kFdTol);
+  // fp32 backward agrees with fp64
+  auto dxf = dev<float>(HVec(n));
+  gelu_backward<float>(dxf, dev<float>(x), dev<float>(R), n);
+  EXPECT_LT(rel_err(host(dxf), minus(host(dx), d0)), 2e-6);
+}
+
+// ---- linear layer --------------------------------------------------------------------------
+
+void check_matmul(bool with_bias) {
+  const int N = 5, C = 4, OC = 3;
+  const HVec inp = random_vec(N * C, 10), W = random_vec(OC * C, 11), bias = random_vec(OC, 12);
+  const HVec R = random_vec(N * OC, 13);
+  auto forward = [&](const HVec& i, const HVec& w, const HVec& b) {
+    auto out = dev<double>(HVec(N * OC, 99.0));  // overwritten
+    matmul_forward<double>(out, dev<double>(i), dev<double>(w),
+                           with_bias ? dev<double>(b) : Kokkos::View<double*>(), N, C, OC);
+    return host(out);
+  };
+  // forward vs naive
+  const HVec out = forward(inp, W, bias);
+  HVec expect(N * OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double s = with_bias ? bias[o] : 0;
+      for (int c = 0; c < C; ++c) s += inp[n * C + c] * W[o * C + c];
+      expect[n * OC + o] = s;
+    }
+  EXPECT_LT(rel_err(out, expect), 1e-15);
+  // backward vs finite differences; gradients start nonzero to check they accumulate
+  const HVec di0 = random_vec(N * C, 14), dw0 = random_vec(OC * C, 15), db0 = random_vec(OC, 16);
+  auto di = dev<double>(di0), dw = dev<double>(dw0), db = dev<double>(db0);
+  matmul_backward<double>(di, dw, with_bias ? db : Kokkos::View<double*>(), dev<double>(R),
+                          dev<double>(inp), dev<double>(W), N, C, OC);
+  EXPECT_LT(rel_err(minus(host(di), di0),
+                    fd_grad(inp, [&](const HVec& x) { return dot(forward(x, W, bias), R); })),
+            kFdTol);
+  EXPECT_LT(rel_err(minus(host(dw), dw0),
+                    fd_grad(W, [&](const HVec& x) { return dot(forward(inp, x, bias), R); })),
+            kFdTol);
+  if (with_bias) {
+    EXPECT_LT(rel_err(minus(host(db), db0),
+                      fd_grad(bias, [&](const HVec& x) { return dot(forward(inp, W, x), R); })),
+              kFdTol);
+  } else {
+    EXPECT_EQ(host(db), db0);
+  }
+}
+
+TEST(KernelsMatmul, BackwardMatchesFiniteDifferences) {
+  check_matmul(true);
+  check_matmul(false);
+}
+
+TEST(KernelsMatmul, BiasGradientOverManyColumnsAndRows) {
+  // more columns than one reduction chunk (256), ragged
+  const int N = 7, C = 3, OC = 300;
+  const HVec dout = random_vec(N * OC, 17);
+  auto db = dev<double>(HVec(OC, 1.0));
+  auto dw = dev<double>(HVec(OC * C));
+  matmul_backward<double>(Kokkos::View<double*>(), dw, db, dev<double>(dout),
+                          dev<double>(random_vec(N * C, 18)), dev<double>(random_vec(OC * C, 19)),
+                          N, C, OC);
+  HVec expect(OC, 1.0);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) expect[o] += dout[n * OC + o];
+  EXPECT_LT(rel_err(host(db), expect), 1e-15);
+}
+
+// ---- layer norm -------------------------------------------------------------------------------
+
+TEST(KernelsLayernorm, ForwardStatsAndBackwardFiniteDifferences) {
+  const int N = 3, C = 37;  // C: two vector chunks and a tail
+  const HVec x = random_vec(N * C, 20, -2, 3), w = random_vec(C, 21), b = random_vec(C, 22);
+  const HVec R = random_vec(N * C, 23);
+  Kokkos::View<double*> mean("mean", N), rstd("rstd", N);
+  auto forward = [&](const HVec& xx, const HVec& ww, const HVec& bb) {
+    auto out = dev<double>(HVec(N * C));
+    layernorm_forward<double>(out, mean, rstd, dev<double>(xx), dev<double>(ww), dev<double>(bb), N,
+                              C);
+    return host(out);
+  };
+  const HVec out = forward(x, w, b);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[n * C + c] / C;
+    for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m) / C;
+    const double s = 1 / std::sqrt(v + 1e-5);
+    EXPECT_NEAR(host(mean)[n], m, 1e-14);
+    EXPECT_NEAR(host(rstd)[n], s, 1e-13 * s);
+    for (int c = 0; c < C; ++c)
+      EXPECT_NEAR(out[n * C + c], (x[n * C + c] - m) * s * w[c] + b[c], 1e-13);
+  }
+  const HVec dx0 = random_vec(N * C, 24), dw0 = random_vec(C, 25), db0 = random_vec(C, 26);
+  auto dx = dev<double>(dx0), dw = dev<double>(dw0), db = dev<double>(db0);
+  forward(x, w, b);  // mean, rstd of the unperturbed input
+  layernorm_backward<double>(dx, dw, db, dev<double>(R), dev<double>(x), dev<double>(w), mean, rstd,
+                             N, C);
+  EXPECT_LT(rel_err(minus(host(dx), dx0),
+                    fd_grad(x, [&](const HVec& v) { return dot(forward(v, w, b), R); })),
+            kFdTol);
+  EXPECT_LT(rel_err(minus(host(dw), dw0),
+                    fd_grad(w, [&](const HVec& v) { return dot(forward(x, v, b), R); })),
+            kFdTol);
+  EXPECT_LT(rel_err(minus(host(db), db0),
+                    fd_grad(b, [&](const HVec& v) { return dot(forward(x, w, v), R); })),
+            kFdTol);
+}
+
+// ---- embeddings ----------------------------------------------------------------------------
+
+TEST(KernelsEncoder, VocabShardAndPositionsForwardAndBackward) {
+  const int B = 2, T = 3, C = 5, V = 9, v_begin = 3, v_local = 4, max_pos = 6;
+  const std::vector<int> tokens = {3, 0, 6, 8, 4, 3};  // 0 and 8 are outside [3, 7)
+  const std::vector<int> positions = {4, 5, 2};        // e.g. a context-parallel chunk
+  const HVec wte_full = random_vec(V * C, 30), wpe = random_vec(max_pos * C, 31);
+  const HVec wte(wte_full.begin() + v_begin * C, wte_full.begin() + (v_begin + v_local) * C);
+  const HVec R = random_vec(B * T * C, 32);
+  auto tok = dev_ints(tokens), pos = dev_ints(positions);
+  auto forward = [&](const HVec& te, const HVec& pe) {
+    auto out = dev<double>(HVec(B * T * C, 7.0));
+    encoder_forward<double>(out, tok, pos, dev<double>(te), dev<double>(pe), B, T, C, v_begin,
+                            v_local);
+    return host(out);
+  };
+  const HVec out = forward(wte, wpe);
+  for (int n = 0; n < B * T; ++n) {
+    const bool mine = tokens[n] >= v_begin && tokens[n] < v_begin + v_local;
+    for (int c = 0; c < C; ++c)
+      EXPECT_EQ(out[n * C + c],
+                (mine ? wte_full[tokens[n] * C + c] : 0.0) + wpe[positions[n % T] * C + c]);
+  }
+  // without wpe: token part only; without positions: position = t
+  auto out2 = dev<double>(HVec(B * T * C));
+  encoder_forward<double>(out2, tok, Kokkos::View<int*>(), dev<double>(wte),
+                          Kokkos::View<double*>(), B, T, C, v_begin, v_local);
+  auto out3 = dev<double>(HVec(B * T * C));
+  encoder_forward<double>(out3, tok, Kokkos::View<int*>(), dev<double>(HVec(v_local * C)),
+                          dev<double>(wpe), B, T, C, v_begin, v_local);
+  for (int n = 0; n < B * T; ++n) {
+    const bool mine = tokens[n] >= v_begin && tokens[n] < v_begin + v_local;
+    for (int c = 0; c < C; ++c) {
+      EXPECT_EQ(host(out2)[n * C + c], mine ? wte_full[tokens[n] * C + c] : 0.0);
+      EXPECT_EQ(host(out3)[n * C + c], wpe[(n % T) * C + c]);
+    }
+  }
+  const HVec dte0 = random_vec(wte.size(), 33), dpe0 = random_vec(wpe.size(), 34);
+  auto dte = dev<double>(dte0), dpe = dev<double>(dpe0);
+  encoder_backward<double>(dte, dpe, dev<double>(R), tok, pos, B, T, C, v_begin, v_local);
+  EXPECT_LT(rel_err(minus(host(dte), dte0),
+                    fd_grad(wte, [&](const HVec& v) { return dot(forward(v, wpe), R); })),
+            kFdTol);
+  EXPECT_LT(rel_err(minus(host(dpe), dpe0),
+                    fd_grad(wpe, [&](const HVec& v) { return dot(forward(wte, v), R); })),
+            kFdTol);
+  // the shard rows of tokens outside the shard got nothing: row of token 5 (never used)
+  for (int c = 0; c < C; ++c)
+    EXPECT_EQ(host(dte)[(5 - v_begin) * C + c], dte0[(5 - v_begin) * C + c]);
+  // positions beyond wpe are refused
+  EXPECT_THROW(
+      encoder_forward<double>(dev<double>(HVec(B * T * C)), tok, dev_ints({0, 1, 6}),
+                              dev<double>(wte), dev<double>(wpe), B, T, C, v_begin, v_local),
+      Error);
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------------
+
+struct CeRef {
+  HVec losses, dlogits;
+};
+// Naive softmax cross-entropy over the first v_real of v_pad columns; dlogits for dloss.
+CeRef naive_ce(const HVec& logits, const std::vector<int>& targets, int N, int v_pad, int v_real,
+               double dloss) {
+  CeRef r{HVec(N), HVec(std::size_t(N) * v_pad, 0.0)};
+  for (int n = 0; n < N; ++n) {
+    const double* x = &logits[std::size_t(n) * v_pad];
+    double m = -1e300, s = 0;
+    for (int v = 0; v < v_real; ++v) m = std::max(m, x[v]);
+    for (int v = 0; v < v_real; ++v) s += std::exp(x[v] - m);
+    r.losses[n] = -(x[targets[n]] - m - std::log(s));
+    for (int v = 0; v < v_real; ++v)
+      r.dlogits[std::size_t(n) * v_pad + v] =
+          (std::exp(x[v] - m) / s - (v == targets[n] ? 1.0 : 0.0)) * dloss;
+  }
+  return r;
+}
+
+struct CeOut {
+  HVec losses, dlogits;
+};
+// (a)-(d) on one shard holding all columns.
+template <class T>
+CeOut run_ce(const HVec& logits, const std::vector<int>& targets, int N, int v_pad, int v_real,
+             double dloss) {
+  const VocabShard shard{0, v_pad, v_real};
+  auto lg = dev<T>(logits);
+  auto tg = dev_ints(targets);
+  Kokkos::View<T*> mx("mx", N), se("se", N), tl("tl", N), loss("loss", N);
+  crossentropy_row_max(mx, lg, N, shard);
+  crossentropy_row_sumexp(se, tl, lg, mx, tg, N, shard);
+  crossentropy_loss(loss, mx, se, tl, N);
+  crossentropy_backward(lg, mx, se, tg, N, shard, T(dloss));
+  return {host(loss), host(lg)};
+}
+
+TEST(KernelsCrossEntropy, MatchesNaiveSoftmaxWithPadding) {
+  const int N = 4, v_pad = 40, v_real = 37;
+  HVec logits = random_vec(N * v_pad, 40, -3, 3);
+  for (int n = 0; n < N; ++n)  // padding logits large: must not win or matter
+    for (int v = v_real; v < v_pad; ++v) logits[n * v_pad + v] = 50.0;
+  const std::vector<int> targets = {0, 36, 17, 5};
+  const CeRef ref = naive_ce(logits, targets, N, v_pad, v_real, 0.25);
+  const CeOut d = run_ce<double>(logits, targets, N, v_pad, v_real, 0.25);
+  EXPECT_LT(rel_err(d.losses, ref.losses), 1e-14);
+  EXPECT_LT(rel_err(d.dlogits, ref.dlogits), 1e-14);
+  const CeOut f = run_ce<float>(logits, targets, N, v_pad, v_real, 0.25);
+  EXPECT_LT(rel_err(f.losses, ref.losses), 1e-6);
+  EXPECT_LT(rel_err(f.dlogits, ref.dlogits), 1e-6);
+  for (int n = 0; n < N; ++n)
+    for (int v = v_real; v < v_pad; ++v) {
+      EXPECT_EQ(d.dlogits[n * v_pad + v], 0.0);
+      EXPECT_EQ(f.dlogits[n * v_pad + v], 0.0);
+    }
+}
+
+TEST(KernelsCrossEntropy, BackwardMatchesFiniteDifferences) {
+  const int N = 3, v_pad = 12, v_real = 10;
+  const HVec logits = random_vec(N * v_pad, 41, -2, 2);
+  const std::vector<int> targets = {9, 0, 4};
+  const double dloss = 1.0 / 3;
+  auto loss = [&](const HVec& x) {
+    const CeOut o = run_ce<double>(x, targets, N, v_pad, v_real, dloss);
+    double s = 0;
+    for (double l : o.losses) s += l * dloss;
+    return s;
+  };
+  const CeOut o = run_ce<double>(logits, targets, N, v_pad, v_real, dloss);
+  EXPECT_LT(rel_err(o.dlogits, fd_grad(logits, loss)), kFdTol);
+}
+
+// Two tensor-parallel shards of the padded vocabulary, the reductions done by hand.
+template <class T>
+void check_two_shard_split(double tol) {
+  const int N = 5, v_pad = 24, v_real = 21, split = 12;  // shard 1 holds columns 12..23
+  const HVec logits = random_vec(N * v_pad, 42, -4, 4);
+  const std::vector<int> targets = {0, 11, 12, 20, 3};
+  const double dloss = 0.2;
+  const CeOut whole = run_ce<T>(logits, targets, N, v_pad, v_real, dloss);
+  const VocabShard shards[2] = {{0, split, v_real}, {split, v_pad - split, v_real}};
+  auto tg = dev_ints(targets);
+  Kokkos::View<T*> lg[2], mx[2], se[2], tl[2];
+  for (int s = 0; s < 2; ++s) {
+    HVec part;
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < shards[s].v_local; ++v)
+        part.push_back(logits[n * v_pad + shards[s].v_begin + v]);
+    lg[s] = dev<T>(part);
+    mx[s] = Kokkos::View<T*>("mx", N);
+    se[s] = Kokkos::View<T*>("se", N);
+    tl[s] = Kokkos::View<T*>("tl", N);
+    crossentropy_row_max(mx[s], lg[s], N, shards[s]);
+  }
+  // all-reduce MAX
+  HVec gmax(N);
+  for (int n = 0; n < N; ++n) gmax[n] = std::max(host(mx[0])[n], host(mx[1])[n]);
+  for (int s = 0; s < 2; ++s)
+    crossentropy_row_sumexp(se[s], tl[s], lg[s], dev<T>(gmax), tg, N, shards[s]);
+  // all-reduce SUM
+  HVec gse(N), gtl(N);
+  for (int n = 0; n < N; ++n) {
+    gse[n] = host(se[0])[n] + host(se[1])[n];
+    gtl[n] = host(tl[0])[n] + host(tl[1])[n];
+  }
+  Kokkos::View<T*> loss("loss", N);
+  crossentropy_loss<T>(loss, dev<T>(gmax), dev<T>(gse), dev<T>(gtl), N);
+  EXPECT_LT(rel_err(host(loss), whole.losses), tol);
+  HVec dl(N * v_pad);
+  for (int s = 0; s < 2; ++s) {
+    crossentropy_backward<T>(lg[s], dev<T>(gmax), dev<T>(gse), tg, N, shards[s], T(dloss));
+    const HVec part = host(lg[s]);
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < shards[s].v_local; ++v)
+        dl[n * v_pad + shards[s].v_begin + v] = part[n * shards[s].v_local + v];
+  }
+  EXPECT_LT(rel_err(dl, whole.dlogits), tol);
+  for (int n = 0; n < N; ++n)
+    for (int v = v_real; v < v_pad; ++v) EXPECT_EQ(dl[n * v_pad + v], 0.0);
+}
+
+TEST(KernelsCrossEntropy, TwoShardSplitMatchesUnsharded) {
+  check_two_shard_split<double>(1e-14);
+  check_two_shard_split<float>(1e-6);
+}
+
+TEST(KernelsCrossEntropy, ShardOfOnlyPaddingContributesNothing) {
+  const int N = 2;
+  const VocabShard pad_only{8, 4, 8};  // columns 8..11 of a vocab with 8 real tokens
+  auto lg = dev<double>(random_vec(N * 4, 43));
+  Kokkos::View<double*> mx("mx", N), se("se", N), tl("tl", N);
+  crossentropy_row_max(mx, lg, N, pad_only);
+  EXPECT_EQ(host(mx)[0], -std::numeric_limits<double>::infinity());
+  crossentropy_row_sumexp(se, tl, lg, dev<double>({1.0, 2.0}), dev_ints({3, 7}), N, pad_only);
+  EXPECT_EQ(host(se), HVec(N, 0.0));
+  EXPECT_EQ(host(tl), HVec(N, 0.0));
+  crossentropy_backward(lg, dev<double>({1.0, 2.0}), dev<double>({3.0, 4.0}), dev_ints({3, 7}), N,
+                        pad_only, 1.0);
+  EXPECT_EQ(host(lg), HVec(N * 4, 0.0));
+}
+
+// ---- float math ---------------------------------------------------------------------------
+
+TEST(KernelsMath, FloatExpAndTanhAccuracy) {
+  double max_exp = 0, max_tanh = 0;
+  for (double x = -87; x <= 88; x += 1e-3) {
+    const float xf = float(x);
+    max_exp = std::max(max_exp,
+                       std::fabs(detail::exp_(xf) - std::exp(double(xf))) / std::exp(double(xf)));
+    max_tanh = std::max(max_tanh, std::fabs(detail::tanh_(xf) - std::tanh(double(xf))));
+  }
+  EXPECT_LT(max_exp, 2e-7);
+  EXPECT_LT(max_tanh, 2e-7);
+  EXPECT_LT(detail::exp_(-1e30f), 1e-37f);
+  EXPECT_EQ(detail::tanh_(1e30f), 1.0f);
+  EXPECT_EQ(detail::tanh_(-1e30f), -1.0f);
+  EXPECT_EQ(detail::tanh_(0.0f), 0.0f);
+}
+
+// ---- a tiny GPT: every kernel composed ----------------------------------------------------------
+
+struct Tiny {
+  static constexpr int B = 2, T = 5, C = 8, NH = 2, HS = 4, V_real = 11, V_pad = 12, N = B * T;
+  // flat parameter layout, as the model keeps it
+  enum { wte, wpe, ln1w, ln1b, wqkv, bqkv, wo, bo, ln2w, ln2b, wfc, bfc, wp, bp, count };
+  static std::size_t size(int p) {
+    const std::size_t s[count] = {V_pad * C, T * C, C, C,         3 * C * C, 3 * C,     C * C,
+                                  C,         C,     C, 4 * C * C, 4 * C,     4 * C * C, C};
+    return s[p];
+  }
+  static std::size_t offset(int p) {
+    std::size_t o = 0;
+    for (int i = 0; i < p; ++i) o += size(i);
+    return o;
+  }
+  static std::size_t total() { return offset(count); }
+  static HVec init() {
+    HVec p = random_vec(total(), 50, -0.5, 0.5);
+    for (int c = 0; c < C; ++c)
+      p[offset(ln1w) + c] = p[offset(ln2w) + c] = 1 + 0.3 * p[offset(ln1w) + c];
+    return p;
+  }
+  static std::vector<int> tokens() { return {1, 4, 10, 3, 3, 0, 7, 2, 9, 5}; }
+  static std::vector<int> targets() { return {4, 10, 3, 3, 0, 7, 2, 9, 5, 8}; }
+};
+
+// Mean loss of the tiny GPT for `params`; fills `grads` when given.
+template <class T>
+double tiny_gpt(const HVec& params, HVec* grads) {
+  using V = Kokkos::View<T*>;
+  constexpr int B = Tiny::B, Tn = Tiny::T, C = Tiny::C, NH = Tiny::NH, HS = Tiny::HS, N = Tiny::N;
+  constexpr int Vp = Tiny::V_pad;
+  const V P = dev<T>(params);
+  const V G("grads", Tiny::total());
+  auto p = [&](int i) -> V {
+    return Kokkos::subview(P, std::make_pair(Tiny::offset(i), Tiny::offset(i) + Tiny::size(i)));
+  };
+  auto g = [&](int i) -> V {
+    return Kokkos::subview(G, std::make_pair(Tiny::offset(i), Tiny::offset(i) + Tiny::size(i)));
+  };
+  auto act = [](std::size_t n) { return V("act", n); };
+  auto tok = dev_ints(Tiny::tokens()), tgt = dev_ints(Tiny::targets());
+  const Kokkos::View<int*> no_pos;
+  const V none;
+  AttentionConfig attn;
+  attn.q_block = 2;
+  attn.k_block = 3;
+
+  V x0 = act(N * C), ln1 = act(N * C), m1 = act(N), r1 = act(N), qkv = act(N * 3 * C);
+  V att = act(N * C), lse = act(B * NH * Tn), proj = act(N * C), x1 = act(N * C);
+  V ln2 = act(N * C), m2 = act(N), r2 = act(N), h = act(N * 4 * C), gl = act(N * 4 * C);
+  V mlp = act(N * C), x2 = act(N * C), logits = act(N * Vp);
+  V mx = act(N), se = act(N), tl = act(N), losses = act(N);
+  encoder_forward<T>(x0, tok, no_pos, p(Tiny::wte), p(Tiny::wpe), B, Tn, C, 0, Vp);
+  layernorm_forward<T>(ln1, m1, r1, x0, p(Tiny::ln1w), p(Tiny::ln1b), N, C);
+  matmul_forward<T>(qkv, ln1, p(Tiny::wqkv), p(Tiny::bqkv), N, C, 3 * C);
+  attention_forward<T>(att, lse, qkv, B, Tn, NH, HS, attn);
+  matmul_forward<T>(proj, att, p(Tiny::wo), p(Tiny::bo), N, C, C);
+  residual_forward<T>(x1, x0, proj, N * C);
+  layernorm_forward<T>(ln2, m2, r2, x1, p(Tiny::ln2w), p(Tiny::ln2b), N, C);
+  matmul_forward<T>(h, ln2, p(Tiny::wfc), p(Tiny::bfc), N, C, 4 * C);
+  gelu_forward<T>(gl, h, N * 4 * C);
+  matmul_forward<T>(mlp, gl, p(Tiny::wp), p(Tiny::bp), N, 4 * C, C);
+  residual_forward<T>(x2, x1, mlp, N * C);
+  matmul_forward<T>(logits, x2, p(Tiny::wte), none, N, C, Vp);  // tied LM head
+  const VocabShard shard{0, Vp, Tiny::V_real};
+  crossentropy_row_max<T>(mx, logits, N, shard);
+  crossentropy_row_sumexp<T>(se, tl, logits, mx, tgt, N, shard);
+  crossentropy_loss<T>(losses, mx, se, tl, N);
+  double mean_loss = 0;
+  for (double l : host(losses)) mean_loss += l / N;
+  if (!grads) return mean_loss;
+
+  crossentropy_backward<T>(logits, mx, se, tgt, N, shard, T(1.0 / N));
+  V dx2 = act(N * C), dx1 = act(N * C), dx0 = act(N * C), dgl = act(N * 4 * C);
+  V dh = act(N * 4 * C), dln2 = act(N * C), datt = act(N * C), dqkv = act(N * 3 * C);
+  V dln1 = act(N * C);
+  matmul_backward<T>(dx2, g(Tiny::wte), none, logits, x2, p(Tiny::wte), N, C, Vp);
+  axpy<T>(dx1, T(1), dx2);  // x2 = x1 + mlp
+  matmul_backward<T>(dgl, g(Tiny::wp), g(Tiny::bp), dx2, gl, p(Tiny::wp), N, 4 * C, C);
+  gelu_backward<T>(dh, h, dgl, N * 4 * C);
+  matmul_backward<T>(dln2, g(Tiny::wfc), g(Tiny::bfc), dh, ln2, p(Tiny::wfc), N, C, 4 * C);
+  layernorm_backward<T>(dx1, g(Tiny::ln2w), g(Tiny::ln2b), dln2, x1, p(Tiny::ln2w), m2, r2, N, C);
+  axpy<T>(dx0, T(1), dx1);  // x1 = x0 + proj
+  matmul_backward<T>(datt, g(Tiny::wo), g(Tiny::bo), dx1, att, p(Tiny::wo), N, C, C);
+  attention_backward<T>(dqkv, datt, att, lse, qkv, B, Tn, NH, HS, attn);
+  matmul_backward<T>(dln1, g(Tiny::wqkv), g(Tiny::bqkv), dqkv, ln1, p(Tiny::wqkv), N, C, 3 * C);
+  layernorm_backward<T>(dx0, g(Tiny::ln1w), g(Tiny::ln1b), dln1, x0, p(Tiny::ln1w), m1, r1, N, C);
+  encoder_backward<T>(g(Tiny::wte), g(Tiny::wpe), dx0, tok, no_pos, B, Tn, C, 0, Vp);
+  *grads = host(G);
+  return mean_loss;
+}
+
+TEST(KernelsComposition, TinyGptFp64MatchesFiniteDifferences) {
+  const HVec params = Tiny::init();
+  HVec grads;
+  tiny_gpt<double>(params, &grads);
+  const HVec fd = fd_grad(params, [](const HVec& x) { return tiny_gpt<double>(x, nullptr); });
+  EXPECT_LT(rel_err(grads, fd), kFdTol);
+  // and tensor by tensor
+  for (int p = 0; p < Tiny::count; ++p) {
+    const HVec gp(grads.begin() + Tiny::offset(p), grads.begin() + Tiny::offset(p) + Tiny::size(p));
+    const HVec fp(fd.begin() + Tiny::offset(p), fd.begin() + Tiny::offset(p) + Tiny::size(p));
+    EXPECT_LT(rel_err(gp, fp), kFdTol) << "tensor " << p;
+  }
+}
+
+TEST(KernelsComposition, TinyGptFp32AgreesWithFp64) {
+  const HVec params = Tiny::init();
+  HVec gd, gf;
+  const double ld = tiny_gpt<double>(params, &gd);
+  const double lf = tiny_gpt<float>(params, &gf);
+  EXPECT_NEAR(lf, ld, 1e-6 * ld);
+  EXPECT_LT(rel_err(gf, gd), 1e-5);
+}
+
+}  // namespace

@@ -1,0 +1,88 @@
+// kernels/attention.hpp — causal multi-head attention, blockwise (flash-attention style).
+// The forward runs an online softmax over key blocks and returns the log-sum-exp of each
+// query row's scaled scores, so partial results over disjoint key sets (context-parallel
+// ring steps) merge exactly with attention_merge. The backward recomputes the
+// probabilities from lse. No (T, T) matrix is ever formed: only a (q_block, k_block)
+// workspace. The block products run through gemm; masking and softmax are Kokkos kernels.
+#pragma once
+#include <cstddef>
+#include <type_traits>
+
+#include "kernels/view.hpp"
+
+namespace ptrain::kernels {
+
+// A (B, T, NH*HS) tensor inside a flat buffer: element (b, t, h*HS + d) is at
+// view[offset + b*batch_stride + t*ld + h*HS + d]; batch_stride 0 means T*ld (rows of all
+// batches back to back). Heads are contiguous HS-blocks (llm.c). A nonzero batch_stride
+// selects a range of positions of each sequence (a context-parallel chunk).
+template <class T>
+struct Heads {
+  Kokkos::View<T*> view;
+  std::size_t offset = 0;
+  int ld = 0;
+  std::size_t batch_stride = 0;
+
+  Heads() = default;
+  Heads(Kokkos::View<T*> v, std::size_t off, int row_stride, std::size_t bstride = 0)
+      : view(v), offset(off), ld(row_stride), batch_stride(bstride) {}
+  // Heads<float> -> Heads<const float>
+  template <class U, class = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
+  Heads(const Heads<U>& o)
+      : view(o.view), offset(o.offset), ld(o.ld), batch_stride(o.batch_stride) {}
+  // Index in view of element (b, t, 0) for sequences of length seq_len.
+  std::size_t at(int b, int t, int seq_len) const {
+    const std::size_t bs = batch_stride ? batch_stride : std::size_t(seq_len) * std::size_t(ld);
+    return offset + std::size_t(b) * bs + std::size_t(t) * std::size_t(ld);
+  }
+};
+template <class T>
+using CHeads = typename detail::NonDeduced<Heads<const T>>::type;
+
+// Part `which` (0 = q, 1 = k, 2 = v) of a qkv buffer (B, T, 3C), C = NH*HS.
+template <class T>
+Heads<T> qkv_part(Kokkos::View<T*> qkv, int which, int C) {
+  return Heads<T>(qkv, std::size_t(which) * C, 3 * C);
+}
+
+struct AttentionConfig {
+  int q_block = 64;    // query rows per block
+  int k_block = 64;    // key rows per block
+  bool causal = true;  // mask key j for query i when k_pos0 + j > q_pos0 + i
+  int q_pos0 = 0;      // sequence position of query row 0 (context-parallel chunks)
+  int k_pos0 = 0;      // sequence position of key row 0
+};
+
+// Scaled dot-product attention, scale 1/sqrt(HS), of queries q (B, Tq, NH*HS) against
+// keys k and values v (B, Tk, NH*HS). NH is this rank's heads (tensor parallel splits them).
+// out: (B, Tq, NH*HS) [=]; lse: (B, NH, Tq) [=] log sum_j exp(scale q.k_j) over the unmasked
+// keys. A query row with no unmasked key gets out = 0 and lse = -inf.
+template <class T>
+void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq,
+                       int Tk, int NH, int HS, const AttentionConfig& cfg = {});
+// The same on a qkv buffer (B, T, 3*NH*HS) (queries and keys the same T positions).
+template <class T>
+void attention_forward(Vec<T> out, Vec<T> lse, CVec<T> qkv, int B, int seq_len, int NH, int HS,
+                       const AttentionConfig& cfg = {});
+
+// Backward of attention_forward. dout, out: (B, Tq, NH*HS), lse: (B, NH, Tq) — with
+// context parallelism the merged (final) out and lse, so that calling this once per key
+// chunk yields that chunk's exact contributions. dq: (B, Tq, ..) and dk, dv: (B, Tk, ..)
+// [=] (zeroed first) or, with accumulate, [+=].
+template <class T>
+void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVec<T> out,
+                        CVec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq, int Tk,
+                        int NH, int HS, const AttentionConfig& cfg = {}, bool accumulate = false);
+// The same on qkv buffers: dqkv (B, T, 3*NH*HS) [=].
+template <class T>
+void attention_backward(Vec<T> dqkv, CVec<T> dout, CVec<T> out, CVec<T> lse, CVec<T> qkv, int B,
+                        int seq_len, int NH, int HS, const AttentionConfig& cfg = {});
+
+// Merges two attentions of the same queries over disjoint key sets A and B into the
+// attention over A u B: (out_a, lse_a) [=] merge((out_a, lse_a), (out_b, lse_b)).
+// out: (B, T, NH*HS), lse: (B, NH, T).
+template <class T>
+void attention_merge(Vec<T> out_a, Vec<T> lse_a, CVec<T> out_b, CVec<T> lse_b, int B, int seq_len,
+                     int NH, int HS);
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,153 @@
+// kernels/detail_math.hpp — math used inside kernels (private to src/kernels/*.cpp).
+// - Kokkos 3.4-3.6 spell the math functions Kokkos::Experimental::exp; 3.7+ and 4.x
+//   spell them Kokkos::exp. kmath:: hides the difference.
+// - exp_ / tanh_ on float use a polynomial exp on the host that compilers vectorize (the
+//   libm call does not vectorize and dominated the softmax, cross-entropy and GELU
+//   kernels); double and device code use the library functions.
+// - Row reductions (sum, max, dot) keep 16 independent partial results so the compiler
+//   vectorizes them without reassociating floating point (-ffast-math is not used).
+#pragma once
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <cstring>
+
+namespace ptrain::kernels::detail {
+
+#if KOKKOS_VERSION >= 30700
+namespace kmath = ::Kokkos;
+#else
+namespace kmath = ::Kokkos::Experimental;
+#endif
+
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)
+#define PTRAIN_KERNELS_DEVICE_PASS 1
+#else
+#define PTRAIN_KERNELS_DEVICE_PASS 0
+#endif
+
+KOKKOS_INLINE_FUNCTION double exp_(double x) { return kmath::exp(x); }
+
+// exp(x) in float: about 1 ulp (max relative error 8e-8) for x in [-87, 88]; inputs
+// below -87 give 1.6e-38 (not 0), above 88 give exp(88). Callers that need exact zeros
+// (masked scores) write them explicitly.
+KOKKOS_INLINE_FUNCTION float exp_(float x) {
+#if PTRAIN_KERNELS_DEVICE_PASS
+  return kmath::exp(x);
+#else
+  // Clamp with integer min on the bit pattern: a float compare would stop GCC from
+  // if-converting (and so vectorizing) the loop under the default -ftrapping-math.
+  std::int32_t si;
+  std::memcpy(&si, &x, sizeof si);
+  si = si < 0x42B00000 ? si : 0x42B00000;  // x > 88 -> 88 (signed bits order positives)
+  std::uint32_t u = static_cast<std::uint32_t>(si);
+  u = u < 0xC2AE0000u ? u : 0xC2AE0000u;  // x < -87 -> -87 (unsigned bits order negatives)
+  std::memcpy(&x, &u, sizeof x);
+  // x = n ln2 + r, |r| <= ln2/2; n by the 1.5*2^23 rounding trick (its low bits hold n).
+  const float big = x * 1.44269504088896341f + 12582912.f;
+  const float n = big - 12582912.f;
+  std::int32_t nbits;
+  std::memcpy(&nbits, &big, sizeof nbits);
+  float r = x - n * 0.693359375f;
+  r = r - n * (-2.12194440e-4f);
+  float p = 1.9875691500e-4f;  // Cephes expf polynomial
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::int32_t sbits = (nbits - 0x4B400000 + 127) * (1 << 23);  // 2^n
+  float s;
+  std::memcpy(&s, &sbits, sizeof s);
+  return p * s;
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION double tanh_(double x) { return kmath::tanh(x); }
+
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|): absolute error ~1e-7.
+KOKKOS_INLINE_FUNCTION float tanh_(float x) {
+#if PTRAIN_KERNELS_DEVICE_PASS
+  return kmath::tanh(x);
+#else
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const std::uint32_t sign = bits & 0x80000000u;
+  const std::uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  float ax;
+  std::memcpy(&ax, &abs_bits, sizeof ax);
+  const float e = exp_(-2.0f * ax);
+  float t = (1.0f - e) / (1.0f + e);
+  std::uint32_t tbits;
+  std::memcpy(&tbits, &t, sizeof tbits);
+  tbits |= sign;
+  std::memcpy(&t, &tbits, sizeof t);
+  return t;
+#endif
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T log_(T x) {
+  return kmath::log(x);
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T sqrt_(T x) {
+  return kmath::sqrt(x);
+}
+
+constexpr int kLanes = 16;
+
+// sum_i x[i]
+template <class T>
+KOKKOS_INLINE_FUNCTION T row_sum(const T* x, int n) {
+  T acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l];
+  T s = 0;
+  for (; i < n; ++i) s += x[i];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// sum_i x[i] y[i]
+template <class T>
+KOKKOS_INLINE_FUNCTION T row_dot(const T* x, const T* y, int n) {
+  T acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * y[i + l];
+  T s = 0;
+  for (; i < n; ++i) s += x[i] * y[i];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// max_i x[i]; `init` for n == 0 (and as a lower bound).
+template <class T>
+KOKKOS_INLINE_FUNCTION T row_max(const T* x, int n, T init) {
+  T acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = init;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  T m = init;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+// sum_i exp(x[i] * scale - shift)
+template <class T>
+KOKKOS_INLINE_FUNCTION T row_sum_exp(const T* x, int n, T scale, T shift) {
+  T acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += exp_(x[i + l] * scale - shift);
+  T s = 0;
+  for (; i < n; ++i) s += exp_(x[i] * scale - shift);
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+}  // namespace ptrain::kernels::detail

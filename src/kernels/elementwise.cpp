@@ -1,0 +1,126 @@
+// kernels/elementwise.cpp — view helpers, residual, GELU.
+#include <cstddef>
+
+#include "kernels/detail_math.hpp"
+#include "kernels/kernels.hpp"
+#include "util/error.hpp"
+
+namespace ptrain::kernels {
+
+using detail::tanh_;
+
+namespace {
+void require_len(const char* what, std::size_t extent, std::size_t need) {
+  PTRAIN_REQUIRE(extent >= need, what, ": view of ", extent, " elements, needs ", need);
+}
+}  // namespace
+
+template <class T>
+void fill(Vec<T> x, T value) {
+  Kokkos::parallel_for(
+      "ptrain::fill", x.extent(0), KOKKOS_LAMBDA(std::size_t i) { x(i) = value; });
+}
+
+template <class T>
+void copy(Vec<T> dst, CVec<T> src) {
+  PTRAIN_REQUIRE(dst.extent(0) == src.extent(0), "copy: extents differ (", dst.extent(0), " vs ",
+                 src.extent(0), ")");
+  Kokkos::parallel_for(
+      "ptrain::copy", dst.extent(0), KOKKOS_LAMBDA(std::size_t i) { dst(i) = src(i); });
+}
+
+template <class T>
+void scale(Vec<T> x, T s) {
+  Kokkos::parallel_for(
+      "ptrain::scale", x.extent(0), KOKKOS_LAMBDA(std::size_t i) { x(i) *= s; });
+}
+
+template <class T>
+void axpy(Vec<T> y, T alpha, CVec<T> x) {
+  PTRAIN_REQUIRE(y.extent(0) == x.extent(0), "axpy: extents differ (", y.extent(0), " vs ",
+                 x.extent(0), ")");
+  Kokkos::parallel_for(
+      "ptrain::axpy", y.extent(0), KOKKOS_LAMBDA(std::size_t i) { y(i) += alpha * x(i); });
+}
+
+template <class T>
+double sum_of_squares(CVec<T> x) {
+  // Chunks of contiguous elements, each summed with independent lanes (vectorizes).
+  constexpr std::size_t kChunk = 4096;
+  const std::size_t n = x.extent(0);
+  const std::size_t nchunks = (n + kChunk - 1) / kChunk;
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "ptrain::sum_of_squares", nchunks,
+      KOKKOS_LAMBDA(std::size_t k, double& acc) {
+        const std::size_t i0 = k * kChunk;
+        const int len = int(i0 + kChunk <= n ? kChunk : n - i0);
+        const T* p = x.data() + i0;
+        double lanes[detail::kLanes] = {};
+        int i = 0;
+        for (; i + detail::kLanes <= len; i += detail::kLanes)
+          for (int l = 0; l < detail::kLanes; ++l) lanes[l] += double(p[i + l]) * double(p[i + l]);
+        for (; i < len; ++i) acc += double(p[i]) * double(p[i]);
+        for (int l = 0; l < detail::kLanes; ++l) acc += lanes[l];
+      },
+      total);
+  return total;
+}
+
+template <class T>
+void residual_forward(Vec<T> out, CVec<T> a, CVec<T> b, std::size_t n) {
+  require_len("residual_forward out", out.extent(0), n);
+  require_len("residual_forward a", a.extent(0), n);
+  require_len("residual_forward b", b.extent(0), n);
+  Kokkos::parallel_for(
+      "ptrain::residual_forward", n, KOKKOS_LAMBDA(std::size_t i) { out(i) = a(i) + b(i); });
+}
+
+namespace {
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;
+}  // namespace
+
+template <class T>
+void gelu_forward(Vec<T> out, CVec<T> inp, std::size_t n) {
+  require_len("gelu_forward out", out.extent(0), n);
+  require_len("gelu_forward inp", inp.extent(0), n);
+  Kokkos::parallel_for(
+      "ptrain::gelu_forward", n, KOKKOS_LAMBDA(std::size_t i) {
+        const T x = inp(i);
+        const T u = T(kGeluScale) * (x + T(kGeluCubic) * x * x * x);
+        out(i) = T(0.5) * x * (T(1) + tanh_(u));
+      });
+}
+
+template <class T>
+void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
+  require_len("gelu_backward dinp", dinp.extent(0), n);
+  require_len("gelu_backward inp", inp.extent(0), n);
+  require_len("gelu_backward dout", dout.extent(0), n);
+  Kokkos::parallel_for(
+      "ptrain::gelu_backward", n, KOKKOS_LAMBDA(std::size_t i) {
+        const T x = inp(i);
+        const T u = T(kGeluScale) * (x + T(kGeluCubic) * x * x * x);
+        const T th = tanh_(u);
+        const T sech2 = T(1) - th * th;
+        const T du = T(kGeluScale) * (T(1) + T(3 * kGeluCubic) * x * x);
+        const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du;
+        dinp(i) += grad * dout(i);
+      });
+}
+
+#define PTRAIN_INSTANTIATE(T)                                               \
+  template void fill<T>(Vec<T>, T);                                         \
+  template void copy<T>(Vec<T>, CVec<T>);                                   \
+  template void scale<T>(Vec<T>, T);                                        \
+  template void axpy<T>(Vec<T>, T, CVec<T>);                                \
+  template double sum_of_squares<T>(CVec<T>);                               \
+  template void residual_forward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t); \
+  template void gelu_forward<T>(Vec<T>, CVec<T>, std::size_t);              \
+  template void gelu_backward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t);
+PTRAIN_INSTANTIATE(float)
+PTRAIN_INSTANTIATE(double)
+#undef PTRAIN_INSTANTIATE
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,129 @@
+// kernels/gemm.cpp — CBLAS behind the gemm entry point.
+#include "kernels/gemm.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "util/error.hpp"
+#include "util/memory.hpp"
+#include "util/timer.hpp"
+
+namespace ptrain::kernels {
+namespace {
+
+// CBLAS needs the matrices in host-accessible memory.
+constexpr bool kViewsOnHost =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::View<float*>::memory_space>::accessible;
+
+// Checks that a stored (rows, cols) matrix with leading dimension ld at `offset` fits
+// in a view of `extent` elements.
+void check_matrix(const char* name, std::size_t extent, std::size_t offset, int rows, int cols,
+                  int ld) {
+  PTRAIN_REQUIRE(ld >= std::max(1, cols), "gemm: ", name, " has leading dimension ", ld, " < its ",
+                 cols, " columns");
+  if (rows == 0 || cols == 0) return;
+  const std::size_t last = offset + std::size_t(rows - 1) * std::size_t(ld) + std::size_t(cols);
+  PTRAIN_REQUIRE(last <= extent, "gemm: ", name, " (", rows, " x ", cols, ", ld ", ld, ", offset ",
+                 offset, ") runs past its view of ", extent, " elements");
+}
+
+void call_cblas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void call_cblas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double alpha,
+                const double* A, int lda, const double* B, int ldb, double beta, double* C,
+                int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, CVec<T> A, std::size_t a_offset,
+          int lda, CVec<T> B, std::size_t b_offset, int ldb, T beta, Vec<T> C, std::size_t c_offset,
+          int ldc) {
+  if constexpr (!kViewsOnHost) {
+    throw Error("gemm: views in device memory need the cuBLAS backend, which this build lacks");
+  }
+  PTRAIN_REQUIRE(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
+  check_matrix("C", C.extent(0), c_offset, M, N, ldc);
+  if (M == 0 || N == 0) return;
+  if (K > 0) {
+    check_matrix("A", A.extent(0), a_offset, trans_a ? K : M, trans_a ? M : K, lda);
+    check_matrix("B", B.extent(0), b_offset, trans_b ? N : K, trans_b ? K : N, ldb);
+  } else {  // C = beta C; BLAS still validates the leading dimensions
+    lda = std::max({1, lda, trans_a ? M : K});
+    ldb = std::max({1, ldb, trans_b ? K : N});
+  }
+  // Kokkos kernels may still be running on an asynchronous backend.
+  Kokkos::fence();
+  call_cblas(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+             alpha, K > 0 ? A.data() + a_offset : nullptr, lda,
+             K > 0 ? B.data() + b_offset : nullptr, ldb, beta, C.data() + c_offset, ldc);
+}
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, CVec<T> A, CVec<T> B, T beta,
+          Vec<T> C) {
+  gemm<T>(trans_a, trans_b, M, N, K, alpha, A, 0, trans_a ? M : K, B, 0, trans_b ? K : N, beta, C,
+          0, N);
+}
+
+bool set_blas_threads(int n) {
+  PTRAIN_REQUIRE(n >= 1, "set_blas_threads: thread count ", n, " < 1");
+#if PTRAIN_HAVE_OPENBLAS
+  openblas_set_num_threads(n);
+  return true;
+#else
+  return false;
+#endif
+}
+
+int blas_threads() {
+#if PTRAIN_HAVE_OPENBLAS
+  return openblas_get_num_threads();
+#else
+  return 0;
+#endif
+}
+
+double measure_gemm_peak_gflops(double seconds) {
+  constexpr int M = 1024, K = 768, N = 3072;
+  TrackedView<float> a(MemCategory::workspace, "gemm_probe_a", std::size_t(M) * K);
+  TrackedView<float> b(MemCategory::workspace, "gemm_probe_b", std::size_t(N) * K);
+  TrackedView<float> c(MemCategory::workspace, "gemm_probe_c", std::size_t(M) * N);
+  Vec<float> av = a.view(), bv = b.view();
+  Kokkos::parallel_for(
+      "ptrain::gemm_probe_init", a.size(),
+      KOKKOS_LAMBDA(std::size_t i) { av(i) = float(int(i % 7) - 3) * 0.01f; });
+  Kokkos::parallel_for(
+      "ptrain::gemm_probe_init", b.size(),
+      KOKKOS_LAMBDA(std::size_t i) { bv(i) = float(int(i % 5) - 2) * 0.01f; });
+  auto once = [&] { gemm<float>(false, true, M, N, K, 1.0f, av, bv, 0.0f, c.view()); };
+  once();  // warm-up: thread start-up, page faults
+  int calls = 0;
+  const double t0 = wall_seconds();
+  double elapsed = 0;
+  do {
+    once();
+    ++calls;
+    elapsed = wall_seconds() - t0;
+  } while (elapsed < seconds);
+  return 2.0 * M * N * K * calls / elapsed * 1e-9;
+}
+
+template void gemm<float>(bool, bool, int, int, int, float, CVec<float>, std::size_t, int,
+                          CVec<float>, std::size_t, int, float, Vec<float>, std::size_t, int);
+template void gemm<double>(bool, bool, int, int, int, double, CVec<double>, std::size_t, int,
+                           CVec<double>, std::size_t, int, double, Vec<double>, std::size_t, int);
+template void gemm<float>(bool, bool, int, int, int, float, CVec<float>, CVec<float>, float,
+                          Vec<float>);
+template void gemm<double>(bool, bool, int, int, int, double, CVec<double>, CVec<double>, double,
+                           Vec<double>);
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,36 @@
+// kernels/gemm.hpp — the one matrix-product entry point, and the BLAS controls.
+#pragma once
+#include <cstddef>
+
+#include "kernels/view.hpp"
+
+namespace ptrain::kernels {
+
+// Row-major C = alpha * op(A) @ op(B) + beta * C, with op(A): (M, K), op(B): (K, N), C: (M, N).
+// Each matrix lives inside a 1-D view: element (i, j) of the stored matrix is at
+// view[offset + i * ld + j], so a matrix may be a strided block of a larger buffer
+// (e.g. the Q third of a (B, T, 3C) qkv buffer: offset 0, ld 3C). Stored A is (M, K),
+// or (K, M) when trans_a; stored B is (K, N), or (N, K) when trans_b. Bounds are checked;
+// beta == 0 overwrites C (its old contents, even NaN, are ignored).
+template <class T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha,  //
+          CVec<T> A, std::size_t a_offset, int lda,                  //
+          CVec<T> B, std::size_t b_offset, int ldb,                  //
+          T beta, Vec<T> C, std::size_t c_offset, int ldc);
+
+// The same for matrices that start at offset 0 with natural leading dimensions.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, CVec<T> A, CVec<T> B, T beta,
+          Vec<T> C);
+
+// BLAS thread count. set_blas_threads returns false where this BLAS cannot change it at
+// run time (not OpenBLAS); blas_threads returns 0 where it cannot be asked.
+bool set_blas_threads(int n);
+int blas_threads();
+
+// Achieved sgemm rate (GFLOP/s) on this rank at the GPT-2 MLP shape M=1024, K=768,
+// N=3072 (C = A B^T as the linear layers call it): mean over repeated calls filling
+// about `seconds` after one warm-up call. The model's MFU is measured against it.
+double measure_gemm_peak_gflops(double seconds = 0.5);
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,111 @@
+// kernels/kernels.hpp — the layer kernels of the GPT forward and backward (llm.c's set),
+// on Kokkos Views. All take T = float or double (both instantiated in the .cpp files).
+// Tensors are row-major 1-D views with explicit dims (see kernels/view.hpp); a shape
+// comment names each. Outputs are marked [=] overwritten or [+=] accumulated: backward
+// kernels accumulate into parameter gradients (the model sums micro-batches) and into
+// input gradients where llm.c does. Inputs and outputs must not alias unless stated.
+// T in shape comments is the sequence length (parameter seq_len); B*T = N tokens.
+// Attention is in kernels/attention.hpp, gemm in kernels/gemm.hpp.
+#pragma once
+#include <cstddef>
+
+#include "kernels/view.hpp"
+
+namespace ptrain::kernels {
+
+// ---- small helpers over whole views ------------------------------------------------
+template <class T>
+void fill(Vec<T> x, T value);  // x [=] value
+template <class T>
+void copy(Vec<T> dst, CVec<T> src);  // dst [=] src; equal extents
+template <class T>
+void scale(Vec<T> x, T s);  // x [=] s x
+template <class T>
+void axpy(Vec<T> y, T alpha, CVec<T> x);  // y [+=] alpha x; equal extents
+template <class T>
+double sum_of_squares(CVec<T> x);  // sum x^2, accumulated in double
+
+// ---- residual and GELU (n elements) -------------------------------------------------
+// out [=] a + b. Its backward is axpy(da, 1, dout) on each input.
+template <class T>
+void residual_forward(Vec<T> out, CVec<T> a, CVec<T> b, std::size_t n);
+
+// out [=] gelu(inp), tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class T>
+void gelu_forward(Vec<T> out, CVec<T> inp, std::size_t n);
+// dinp [+=] gelu'(inp) * dout.
+template <class T>
+void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n);
+
+// ---- linear layer -------------------------------------------------------------------
+// out: (N, OC) [=] inp (N, C) @ weight (OC, C)^T + bias (OC). An empty bias means none.
+template <class T>
+void matmul_forward(Vec<T> out, CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C, int OC);
+// dinp: (N, C) [+=] dout (N, OC) @ weight (OC, C);  dweight: (OC, C) [+=] dout^T @ inp;
+// dbias: (OC) [+=] column sums of dout. An empty dinp or dbias is skipped.
+template <class T>
+void matmul_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
+                     CVec<T> weight, int N, int C, int OC);
+
+// ---- embeddings -----------------------------------------------------------------------
+// The token table may be a vocab shard: wte holds rows [v_begin, v_begin + v_local) of
+// the full (V, C) table. positions: (T) global position of each local t (context
+// parallel chunks); empty means 0..T-1; wpe has at least max(position)+1 rows.
+// out: (B, T, C) [=] wte[tokens(b,t) - v_begin] (0 for tokens outside the shard)
+//                    + wpe[positions(t)] (skipped when wpe is empty: with a sharded wte the
+//                    model adds positions on one tensor-parallel rank or after the all-reduce).
+// tokens: (B, T)
+template <class T>
+void encoder_forward(Vec<T> out, IntVec tokens, IntVec positions, CVec<T> wte, CVec<T> wpe, int B,
+                     int seq_len, int C, int v_begin, int v_local);
+// dwte: (v_local, C) [+=] dout rows of the tokens in the shard; dwpe [+=] sum over b of
+// dout(b, t) at row positions(t). An empty dwte or dwpe is skipped. Deterministic: each
+// column is summed by one thread in token order.
+template <class T>
+void encoder_backward(Vec<T> dwte, Vec<T> dwpe, CVec<T> dout, IntVec tokens, IntVec positions,
+                      int B, int seq_len, int C, int v_begin, int v_local);
+
+// ---- layer norm (eps = 1e-5) -------------------------------------------------------------
+// inp: (N, C) -> out (N, C) [=] (inp - mean) * rstd * weight (C) + bias (C);
+// mean, rstd: (N) [=], saved for the backward.
+template <class T>
+void layernorm_forward(Vec<T> out, Vec<T> mean, Vec<T> rstd, CVec<T> inp, CVec<T> weight,
+                       CVec<T> bias, int N, int C);
+// dinp: (N, C) [+=]; dweight, dbias: (C) [+=].
+template <class T>
+void layernorm_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
+                        CVec<T> weight, CVec<T> mean, CVec<T> rstd, int N, int C);
+
+// ---- cross-entropy, vocab-parallel ---------------------------------------------------
+// This rank holds logits (N, v_local): columns [v_begin, v_begin + v_local) of the padded
+// vocabulary; global columns >= v_real are padding (never in the softmax, zero gradient).
+// Steps, with the tensor-parallel all-reduces the model puts between them:
+//   (a) crossentropy_row_max     -> row_max      ... all-reduce MAX
+//   (b) crossentropy_row_sumexp  -> sumexp, target_logit ... all-reduce SUM (both)
+//   (c) crossentropy_loss        -> losses
+//   (d) crossentropy_backward    -> dlogits, in place of the logits
+// With one rank the reductions are identities and this is the plain cross-entropy.
+struct VocabShard {
+  int v_begin = 0;  // first global column held here
+  int v_local = 0;  // columns held here
+  int v_real = 0;   // real vocabulary size (global columns >= v_real are padding)
+};
+// row_max: (N) [=] max over real columns here (-inf if none).
+template <class T>
+void crossentropy_row_max(Vec<T> row_max, CVec<T> logits, int N, const VocabShard& shard);
+// sumexp: (N) [=] sum over real columns here of exp(logit - row_max);
+// target_logit: (N) [=] logits(n, targets(n)) if the target column is here, else 0.
+template <class T>
+void crossentropy_row_sumexp(Vec<T> sumexp, Vec<T> target_logit, CVec<T> logits, CVec<T> row_max,
+                             IntVec targets, int N, const VocabShard& shard);
+// losses: (N) [=] log(sumexp) + row_max - target_logit.
+template <class T>
+void crossentropy_loss(Vec<T> losses, CVec<T> row_max, CVec<T> sumexp, CVec<T> target_logit, int N);
+// logits (N, v_local) [=] dlogits = (softmax - onehot(target)) * dloss for real columns,
+// 0 for padding. dloss is dL/dloss(n), the same for every row (1 / tokens in the global batch
+// for a mean loss).
+template <class T>
+void crossentropy_backward(Vec<T> logits, CVec<T> row_max, CVec<T> sumexp, IntVec targets, int N,
+                           const VocabShard& shard, T dloss);
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,235 @@
+// kernels/layers.cpp — linear layer, embeddings, layer norm.
+#include <cstddef>
+
+#include "kernels/detail_math.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/kernels.hpp"
+#include "util/error.hpp"
+
+namespace ptrain::kernels {
+namespace {
+
+using Team = Kokkos::TeamPolicy<>::member_type;
+
+void require_len(const char* what, std::size_t extent, std::size_t need) {
+  PTRAIN_REQUIRE(extent >= need, what, ": view of ", extent, " elements, needs ", need);
+}
+
+// f(n, c) for every row n (in increasing order) and column c of an (nrows, ncols) grid;
+// one thread owns each column, so f may accumulate into per-column outputs without races
+// and with a fixed summation order. On a host backend the inner loop runs over a
+// contiguous chunk of columns.
+template <class F>
+void for_rows_per_column(const char* label, int nrows, int ncols, const F& f) {
+  constexpr int kChunk = 256;
+  const int nchunks = (ncols + kChunk - 1) / kChunk;
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<>(nchunks, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& team) {
+        const int c0 = team.league_rank() * kChunk;
+        const int c1 = c0 + kChunk < ncols ? c0 + kChunk : ncols;
+        for (int n = 0; n < nrows; ++n)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, c0, c1), [&](int c) { f(n, c); });
+      });
+}
+
+// f(n, c) for every element of an (nrows, ncols) grid, a team per row.
+template <class F>
+void for_each_row_col(const char* label, int nrows, int ncols, const F& f) {
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<>(nrows, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& team) {
+        const int n = team.league_rank();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ncols), [&](int c) { f(n, c); });
+      });
+}
+
+// Largest entry of positions (or T - 1 when empty), for the wpe bounds check.
+int max_position(IntVec positions, int T) {
+  if (positions.extent(0) == 0) return T - 1;
+  require_len("encoder positions", positions.extent(0), std::size_t(T));
+  int mx = -1;
+  Kokkos::parallel_reduce(
+      "ptrain::encoder_max_position", T,
+      KOKKOS_LAMBDA(int t, int& m) { m = positions(t) > m ? positions(t) : m; },
+      Kokkos::Max<int>(mx));
+  return mx;
+}
+
+}  // namespace
+
+// ---- linear layer -------------------------------------------------------------------
+
+template <class T>
+void matmul_forward(Vec<T> out, CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C, int OC) {
+  const bool has_bias = bias.extent(0) > 0;
+  if (has_bias) {
+    require_len("matmul_forward bias", bias.extent(0), std::size_t(OC));
+    require_len("matmul_forward out", out.extent(0), std::size_t(N) * OC);
+    // out = bias rows, then out += inp W^T: one pass over out instead of two.
+    for_each_row_col(
+        "ptrain::matmul_bias_fill", N, OC,
+        KOKKOS_LAMBDA(int n, int o) { out(std::size_t(n) * OC + o) = bias(o); });
+  }
+  gemm<T>(false, true, N, OC, C, T(1), inp, 0, C, weight, 0, C, has_bias ? T(1) : T(0), out, 0, OC);
+}
+
+template <class T>
+void matmul_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
+                     CVec<T> weight, int N, int C, int OC) {
+  if (dinp.extent(0) > 0)  // dinp (N, C) += dout (N, OC) @ W (OC, C)
+    gemm<T>(false, false, N, C, OC, T(1), dout, 0, OC, weight, 0, C, T(1), dinp, 0, C);
+  // dW (OC, C) += dout^T (OC, N) @ inp (N, C)
+  gemm<T>(true, false, OC, C, N, T(1), dout, 0, OC, inp, 0, C, T(1), dweight, 0, C);
+  if (dbias.extent(0) > 0) {
+    require_len("matmul_backward dbias", dbias.extent(0), std::size_t(OC));
+    require_len("matmul_backward dout", dout.extent(0), std::size_t(N) * OC);
+    for_rows_per_column(
+        "ptrain::matmul_backward_bias", N, OC,
+        KOKKOS_LAMBDA(int n, int o) { dbias(o) += dout(std::size_t(n) * OC + o); });
+  }
+}
+
+// ---- embeddings -----------------------------------------------------------------------
+
+template <class T>
+void encoder_forward(Vec<T> out, IntVec tokens, IntVec positions, CVec<T> wte, CVec<T> wpe, int B,
+                     int T_, int C, int v_begin, int v_local) {
+  const int N = B * T_;
+  require_len("encoder_forward out", out.extent(0), std::size_t(N) * C);
+  require_len("encoder_forward tokens", tokens.extent(0), std::size_t(N));
+  require_len("encoder_forward wte", wte.extent(0), std::size_t(v_local) * C);
+  const bool has_wpe = wpe.extent(0) > 0;
+  const bool has_pos = positions.extent(0) > 0;
+  if (has_wpe)
+    require_len("encoder_forward wpe", wpe.extent(0),
+                std::size_t(max_position(positions, T_) + 1) * C);
+  for_each_row_col(
+      "ptrain::encoder_forward", N, C, KOKKOS_LAMBDA(int n, int c) {
+        const int row = tokens(n) - v_begin;
+        T v = (row >= 0 && row < v_local) ? wte(std::size_t(row) * C + c) : T(0);
+        if (has_wpe) {
+          const int t = n % T_;
+          const int p = has_pos ? positions(t) : t;
+          v += wpe(std::size_t(p) * C + c);
+        }
+        out(std::size_t(n) * C + c) = v;
+      });
+}
+
+template <class T>
+void encoder_backward(Vec<T> dwte, Vec<T> dwpe, CVec<T> dout, IntVec tokens, IntVec positions,
+                      int B, int T_, int C, int v_begin, int v_local) {
+  const int N = B * T_;
+  require_len("encoder_backward dout", dout.extent(0), std::size_t(N) * C);
+  require_len("encoder_backward tokens", tokens.extent(0), std::size_t(N));
+  const bool has_wte = dwte.extent(0) > 0;
+  const bool has_wpe = dwpe.extent(0) > 0;
+  const bool has_pos = positions.extent(0) > 0;
+  if (has_wte) require_len("encoder_backward dwte", dwte.extent(0), std::size_t(v_local) * C);
+  if (has_wpe)
+    require_len("encoder_backward dwpe", dwpe.extent(0),
+                std::size_t(max_position(positions, T_) + 1) * C);
+  for_rows_per_column(
+      "ptrain::encoder_backward", N, C, KOKKOS_LAMBDA(int n, int c) {
+        const T g = dout(std::size_t(n) * C + c);
+        const int row = tokens(n) - v_begin;
+        if (has_wte && row >= 0 && row < v_local) dwte(std::size_t(row) * C + c) += g;
+        if (has_wpe) {
+          const int t = n % T_;
+          const int p = has_pos ? positions(t) : t;
+          dwpe(std::size_t(p) * C + c) += g;
+        }
+      });
+}
+
+// ---- layer norm -------------------------------------------------------------------------
+
+template <class T>
+void layernorm_forward(Vec<T> out, Vec<T> mean, Vec<T> rstd, CVec<T> inp, CVec<T> weight,
+                       CVec<T> bias, int N, int C) {
+  require_len("layernorm_forward out", out.extent(0), std::size_t(N) * C);
+  require_len("layernorm_forward inp", inp.extent(0), std::size_t(N) * C);
+  require_len("layernorm_forward mean", mean.extent(0), std::size_t(N));
+  require_len("layernorm_forward rstd", rstd.extent(0), std::size_t(N));
+  require_len("layernorm_forward weight", weight.extent(0), std::size_t(C));
+  require_len("layernorm_forward bias", bias.extent(0), std::size_t(C));
+  Kokkos::parallel_for(
+      "ptrain::layernorm_forward", N, KOKKOS_LAMBDA(int n) {
+        const T* x = inp.data() + std::size_t(n) * C;
+        T* y = out.data() + std::size_t(n) * C;
+        const T* w = weight.data();
+        const T* b = bias.data();
+        const T m = detail::row_sum(x, C) / T(C);
+        // two-pass variance: sum (x - m)^2, written to y first so it vectorizes
+        for (int c = 0; c < C; ++c) y[c] = x[c] - m;
+        const T var = detail::row_dot(y, y, C) / T(C);
+        const T s = T(1) / detail::sqrt_(var + T(1e-5));
+        for (int c = 0; c < C; ++c) y[c] = y[c] * s * w[c] + b[c];
+        mean(n) = m;
+        rstd(n) = s;
+      });
+}
+
+template <class T>
+void layernorm_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
+                        CVec<T> weight, CVec<T> mean, CVec<T> rstd, int N, int C) {
+  require_len("layernorm_backward dinp", dinp.extent(0), std::size_t(N) * C);
+  require_len("layernorm_backward dout", dout.extent(0), std::size_t(N) * C);
+  require_len("layernorm_backward inp", inp.extent(0), std::size_t(N) * C);
+  require_len("layernorm_backward dweight", dweight.extent(0), std::size_t(C));
+  require_len("layernorm_backward dbias", dbias.extent(0), std::size_t(C));
+  require_len("layernorm_backward weight", weight.extent(0), std::size_t(C));
+  require_len("layernorm_backward mean", mean.extent(0), std::size_t(N));
+  require_len("layernorm_backward rstd", rstd.extent(0), std::size_t(N));
+  // dinp = rstd (w dout - mean(w dout) - xhat mean(w dout xhat)), row by row
+  Kokkos::parallel_for(
+      "ptrain::layernorm_backward_input", N, KOKKOS_LAMBDA(int n) {
+        const T* x = inp.data() + std::size_t(n) * C;
+        const T* g = dout.data() + std::size_t(n) * C;
+        const T* w = weight.data();
+        T* dx = dinp.data() + std::size_t(n) * C;
+        const T m = mean(n), s = rstd(n);
+        T acc_g[detail::kLanes] = {}, acc_gx[detail::kLanes] = {};
+        int c = 0;
+        for (; c + detail::kLanes <= C; c += detail::kLanes)
+          for (int l = 0; l < detail::kLanes; ++l) {
+            const T wg = w[c + l] * g[c + l];
+            acc_g[l] += wg;
+            acc_gx[l] += wg * (x[c + l] - m) * s;
+          }
+        T sum_g = 0, sum_gx = 0;
+        for (; c < C; ++c) {
+          const T wg = w[c] * g[c];
+          sum_g += wg;
+          sum_gx += wg * (x[c] - m) * s;
+        }
+        for (int l = 0; l < detail::kLanes; ++l) {
+          sum_g += acc_g[l];
+          sum_gx += acc_gx[l];
+        }
+        const T mean_g = sum_g / T(C), mean_gx = sum_gx / T(C);
+        for (int k = 0; k < C; ++k) dx[k] += (w[k] * g[k] - mean_g - (x[k] - m) * s * mean_gx) * s;
+      });
+  for_rows_per_column(
+      "ptrain::layernorm_backward_params", N, C, KOKKOS_LAMBDA(int n, int c) {
+        const std::size_t i = std::size_t(n) * C + c;
+        dbias(c) += dout(i);
+        dweight(c) += dout(i) * (inp(i) - mean(n)) * rstd(n);
+      });
+}
+
+#define PTRAIN_INSTANTIATE(T)                                                                      \
+  template void matmul_forward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int, int);               \
+  template void matmul_backward<T>(Vec<T>, Vec<T>, Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int,    \
+                                   int);                                                           \
+  template void encoder_forward<T>(Vec<T>, IntVec, IntVec, CVec<T>, CVec<T>, int, int, int, int,   \
+                                   int);                                                           \
+  template void encoder_backward<T>(Vec<T>, Vec<T>, CVec<T>, IntVec, IntVec, int, int, int, int,   \
+                                    int);                                                          \
+  template void layernorm_forward<T>(Vec<T>, Vec<T>, Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int); \
+  template void layernorm_backward<T>(Vec<T>, Vec<T>, Vec<T>, CVec<T>, CVec<T>, CVec<T>, CVec<T>,  \
+                                      CVec<T>, int, int);
+PTRAIN_INSTANTIATE(float)
+PTRAIN_INSTANTIATE(double)
+#undef PTRAIN_INSTANTIATE
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,32 @@
+// kernels/view.hpp — the tensor types every kernel takes.
+// A tensor is a 1-D contiguous Kokkos::View of the default execution space (often a
+// subview of a flat parameter, gradient or activation buffer) plus explicit dims,
+// stored row-major as in llm.c. Views may be longer than a kernel needs; each kernel
+// checks they are long enough.
+#pragma once
+#include <Kokkos_Core.hpp>
+
+namespace ptrain::kernels {
+
+namespace detail {
+template <class V>
+struct NonDeduced {
+  using type = V;
+};
+}  // namespace detail
+
+// A tensor the kernel writes (or accumulates into). Kernels deduce T from these when given
+// exactly this type; Kokkos::subview returns another View type, so calls passing subviews
+// name T (kernels::gelu_forward<T>(...)) and the arguments convert.
+template <class T>
+using Vec = Kokkos::View<T*>;
+
+// A tensor the kernel only reads. Deliberately not deduced: a Vec<float> converts to it,
+// and calls that pass only read-only tensors (or subview types) name T: f<float>(...).
+template <class T>
+using CVec = typename detail::NonDeduced<Kokkos::View<const T*>>::type;
+
+// Token ids / targets / positions.
+using IntVec = Kokkos::View<const int*>;
+
+}  // namespace ptrain::kernels
