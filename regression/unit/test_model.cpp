@@ -1,0 +1,155 @@
+// ptrain-test: np=1 labels=quick timeout=300
+// The whole GPT: backward against central finite differences in fp64, fp32 against fp64,
+// layout-invariant init, and gradient accumulation over micro-batches.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "data/data.hpp"
+#include "deck/deck.hpp"
+#include "model/gpt.hpp"
+
+using namespace ptrain;
+
+namespace {
+
+Config tiny_config(std::vector<std::string> extra = {}) {
+  std::map<std::string, std::string> kv = {{"model%n_layer", "2"},      {"model%d_model", "8"},
+                                           {"model%n_head", "2"},       {"model%vocab", "11"},
+                                           {"model%seq_len", "5"},      {"model%ffn_mult", "2"},
+                                           {"train%global_batch", "2"}, {"train%micro_batch", "2"}};
+  for (const auto& e : extra) kv[e.substr(0, e.find('='))] = e.substr(e.find('=') + 1);
+  std::vector<std::string> o;
+  for (const auto& [k, v] : kv) o.push_back(k + "=" + v);
+  Config c = deck::parse_text("", "<test>", o);
+  deck::validate(c, 1);
+  return c;
+}
+
+struct Batch {
+  std::vector<std::int32_t> x, y;
+};
+Batch batch_of(const Config& c, int B, std::int64_t step = 1) {
+  auto src = data::open_source(data::spec_from_config(c));
+  Batch b;
+  b.x.resize(std::size_t(B * c.model.seq_len));
+  b.y.resize(b.x.size());
+  data::fetch(*src, data::Split::train, step, 0, B, b.x.data(), b.y.data());
+  return b;
+}
+
+template <class T>
+std::vector<double> to_vector(const Kokkos::View<T*>& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<double>(h.data(), h.data() + h.extent(0));
+}
+
+double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += std::max(a[i] * a[i], b[i] * b[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace
+
+TEST(Model, BackwardMatchesFiniteDifferencesFp64) {
+  const Config c = tiny_config({"model%dtype='fp64'"});
+  model::GPT<double> gpt(c, {}, 2);
+  gpt.init_weights(7);
+  // Larger weights than GPT-2's 0.02 so every path carries a visible gradient.
+  auto p = gpt.params();
+  for (std::size_t i = 0; i < p.extent(0); ++i) p(i) = p(i) * 10.0 + 0.01 * std::sin(double(i));
+  const Batch b = batch_of(c, 2);
+  const double scale = 1.0 / 10.0;  // dloss of the mean over 2*5 tokens
+  gpt.zero_grads();
+  gpt.forward(b.x.data(), b.y.data(), 2);
+  gpt.backward(scale);
+  const auto analytic = to_vector(gpt.grads());
+
+  std::vector<double> numeric(analytic.size());
+  const double h = 1e-5;
+  const auto& wte = gpt.layout().find("wte.weight");
+  for (std::size_t i = 0; i < numeric.size(); ++i) {
+    const double keep = p(i);
+    p(i) = keep + h;
+    const double up = gpt.forward(b.x.data(), b.y.data(), 2) * scale;
+    p(i) = keep - h;
+    const double down = gpt.forward(b.x.data(), b.y.data(), 2) * scale;
+    p(i) = keep;
+    numeric[i] = (up - down) / (2 * h);
+  }
+  EXPECT_LT(rel_error(analytic, numeric), 1e-6);
+  // Every tensor separately, so a small tensor's error is not hidden by a large one.
+  for (const auto& t : gpt.layout().tensors) {
+    std::vector<double> a(analytic.begin() + t.offset, analytic.begin() + t.offset + t.numel);
+    std::vector<double> n(numeric.begin() + t.offset, numeric.begin() + t.offset + t.numel);
+    EXPECT_LT(rel_error(a, n), 1e-6) << t.name;
+  }
+  EXPECT_GT(
+      std::abs(analytic[std::size_t(wte.offset)]) + std::abs(analytic[std::size_t(wte.offset + 1)]),
+      0);
+}
+
+TEST(Model, Fp32AgreesWithFp64) {
+  const Config c64 = tiny_config({"model%dtype='fp64'", "model%d_model=16", "model%vocab=37"});
+  const Config c32 = tiny_config({"model%dtype='fp32'", "model%d_model=16", "model%vocab=37"});
+  model::GPT<double> g64(c64, {}, 2);
+  model::GPT<float> g32(c32, {}, 2);
+  g64.init_weights(3);
+  g32.init_weights(3);
+  EXPECT_LT(rel_error(to_vector(g64.params()), to_vector(g32.params())), 1e-7);
+  const Batch b = batch_of(c64, 2);
+  g64.zero_grads();
+  g32.zero_grads();
+  const double l64 = g64.forward(b.x.data(), b.y.data(), 2);
+  const double l32 = g32.forward(b.x.data(), b.y.data(), 2);
+  EXPECT_NEAR(l32, l64, 1e-5 * std::abs(l64));
+  g64.backward(0.1);
+  g32.backward(0.1f);
+  EXPECT_LT(rel_error(to_vector(g64.grads()), to_vector(g32.grads())), 1e-4);
+}
+
+TEST(Model, InitIsGpt2) {
+  const Config c = tiny_config({"model%dtype='fp64'", "model%d_model=64", "model%n_head=4",
+                                "model%vocab=500", "model%n_layer=8"});
+  model::GPT<double> gpt(c, {}, 1);
+  gpt.init_weights(1);
+  auto stddev = [&](const std::string& name) {
+    auto v = to_vector(gpt.param(name));
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s / double(v.size()));
+  };
+  EXPECT_NEAR(stddev("wte.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stddev("h.0.mlp.fc.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stddev("h.3.attn.proj.weight"), 0.02 / 4.0, 0.0003);  // 1/sqrt(2*8)
+  for (double x : to_vector(gpt.param("h.1.attn.qkv.bias"))) EXPECT_EQ(x, 0.0);
+  for (double x : to_vector(gpt.param("h.1.ln_2.weight"))) EXPECT_EQ(x, 1.0);
+  for (double x : to_vector(gpt.param("ln_f.bias"))) EXPECT_EQ(x, 0.0);
+}
+
+TEST(Model, MicroBatchesAccumulateToTheFullBatchGradient) {
+  const Config c =
+      tiny_config({"model%dtype='fp64'", "train%global_batch=4", "train%micro_batch=4"});
+  const Batch b = batch_of(c, 4);
+  model::GPT<double> whole(c, {}, 4), parts(c, {}, 1);
+  whole.init_weights(5);
+  parts.init_weights(5);
+  const double dloss = 1.0 / (4 * 5);
+  whole.zero_grads();
+  const double lw = whole.forward(b.x.data(), b.y.data(), 4);
+  whole.backward(dloss);
+  parts.zero_grads();
+  double lp = 0;
+  for (int j = 0; j < 4; ++j) {
+    lp += parts.forward(b.x.data() + j * 5, b.y.data() + j * 5, 1);
+    parts.backward(dloss);
+  }
+  EXPECT_NEAR(lp, lw, 1e-12 * lw);
+  EXPECT_LT(rel_error(to_vector(whole.grads()), to_vector(parts.grads())), 1e-12);
+}

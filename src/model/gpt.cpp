@@ -1,0 +1,328 @@
+#include "model/gpt.hpp"
+
+#include <cmath>
+
+#include "data/rng.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/kernels.hpp"
+#include "util/error.hpp"
+#include "util/profile.hpp"
+
+namespace ptrain::model {
+
+namespace K = kernels;
+
+namespace {
+
+// FNV-1a: a tensor's name -> its random stream.
+std::uint64_t name_stream(const std::string& name) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+template <class T>
+K::Vec<T> slice(const K::Vec<T>& v, std::int64_t offset, std::int64_t n) {
+  return Kokkos::subview(v, Kokkos::make_pair(offset, offset + n));
+}
+
+// Carves consecutive slices out of one buffer.
+template <class T>
+struct Carver {
+  K::Vec<T> buffer;
+  std::int64_t at = 0;
+  K::Vec<T> take(std::int64_t n) {
+    auto s = slice(buffer, at, n);
+    at += n;
+    return s;
+  }
+};
+
+}  // namespace
+
+// One block's tensors (parameters or gradients).
+template <class T>
+struct GPT<T>::Block {
+  K::Vec<T> ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
+      fcproj_b;
+};
+
+template <class T>
+GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch)
+    : config_(config), dims_(dims_of(config)), coord_(coord), micro_batch_(micro_batch) {
+  // Only the pieces this version implements; everything else says so instead of guessing.
+  PTRAIN_REQUIRE(coord.T == 1,
+                 "model: tensor parallelism (parallel%tp > 1) is not implemented yet");
+  PTRAIN_REQUIRE(coord.P == 1 && coord.virtual_stages == 1,
+                 "model: pipeline parallelism (parallel%pp > 1) is not implemented yet");
+  PTRAIN_REQUIRE(dims_.n_expert == 0,
+                 "model: mixture-of-experts layers (model%n_expert > 0) are not implemented yet");
+  PTRAIN_REQUIRE(config.parallel.cp == 1,
+                 "model: context parallelism (parallel%cp > 1) is not implemented yet");
+  auto chunks = build_layout(config, coord);
+  layout_ = chunks.at(0);
+  const std::string prec = sizeof(T) == 8 ? "fp64" : "fp32";
+  params_ =
+      TrackedView<T>(MemCategory::params, "ptrain::params." + prec, std::size_t(layout_.numel));
+  grads_ = TrackedView<T>(MemCategory::grads, "ptrain::grads." + prec, std::size_t(layout_.numel));
+  const auto act = activation_sizes(dims_, coord, micro_batch, dims_.S, layout_.has_head);
+  acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
+                         std::size_t(act.kept(layout_.n_layers)));
+  scratch_ =
+      TrackedView<T>(MemCategory::workspace, "ptrain::backward_scratch", std::size_t(act.scratch));
+  tokens_ = Kokkos::View<int*>("ptrain::tokens", std::size_t(micro_batch) * dims_.S);
+  targets_ = Kokkos::View<int*>("ptrain::targets", std::size_t(micro_batch) * dims_.S);
+}
+
+template <class T>
+K::Vec<T> GPT<T>::view_of(const TrackedView<T>& buffer, const std::string& name) const {
+  const auto& t = layout_.find(name);
+  return slice(buffer.view(), t.offset, t.numel);
+}
+
+template <class T>
+K::Vec<T> GPT<T>::param(const std::string& name) const {
+  return view_of(params_, name);
+}
+template <class T>
+K::Vec<T> GPT<T>::grad(const std::string& name) const {
+  return view_of(grads_, name);
+}
+
+template <class T>
+typename GPT<T>::Block GPT<T>::block_views(const TrackedView<T>& buf, int layer) const {
+  const std::string h = cat("h.", layer, ".");
+  auto v = [&](const char* n) { return view_of(buf, h + n); };
+  return Block{v("ln_1.weight"),   v("ln_1.bias"),        v("attn.qkv.weight"),
+               v("attn.qkv.bias"), v("attn.proj.weight"), v("attn.proj.bias"),
+               v("ln_2.weight"),   v("ln_2.bias"),        v("mlp.fc.weight"),
+               v("mlp.fc.bias"),   v("mlp.proj.weight"),  v("mlp.proj.bias")};
+}
+
+template <class T>
+void GPT<T>::init_weights(std::uint64_t seed) {
+  const double std_matrix = 0.02, std_residual = 0.02 / std::sqrt(2.0 * double(dims_.L));
+  for (const auto& t : layout_.tensors) {
+    auto p = slice(params_.view(), t.offset, t.numel);
+    const bool is_gain = t.kind == TensorKind::norm && t.name.size() > 7 &&
+                         t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
+    if (t.kind == TensorKind::bias || t.kind == TensorKind::norm) {
+      K::fill(p, T(is_gain ? 1 : 0));
+      continue;
+    }
+    const bool residual = t.name.find("attn.proj.weight") != std::string::npos ||
+                          t.name.find("mlp.proj.weight") != std::string::npos;
+    const double stddev = residual ? std_residual : std_matrix;
+    const std::uint64_t stream = name_stream(t.name);
+    K::fill(p, T(0));  // padded vocabulary rows stay zero
+    // Each slab: local element k -> multi-index in the slab -> global flat index.
+    std::int64_t local = 0;
+    for (const auto& s : t.slabs) {
+      const int rank = int(t.global_shape.size());
+      std::int64_t start[3] = {0, 0, 0}, count[3] = {1, 1, 1}, gshape[3] = {1, 1, 1};
+      for (int d = 0; d < rank; ++d) {
+        start[3 - rank + d] = s.start[d];
+        count[3 - rank + d] = s.count[d];
+        gshape[3 - rank + d] = t.global_shape[d];
+      }
+      const std::int64_t n = s.numel(), base = local;
+      Kokkos::parallel_for(
+          "ptrain::init_normal", Kokkos::RangePolicy<>(0, n), KOKKOS_LAMBDA(const std::int64_t k) {
+            const std::int64_t i2 = k % count[2], i1 = (k / count[2]) % count[1],
+                               i0 = k / (count[2] * count[1]);
+            const std::int64_t g =
+                ((start[0] + i0) * gshape[1] + (start[1] + i1)) * gshape[2] + (start[2] + i2);
+            p(base + k) = T(stddev * rng::normal(seed, stream, std::uint64_t(g)));
+          });
+      local += n;
+    }
+  }
+  Kokkos::fence();
+}
+
+template <class T>
+void GPT<T>::zero_grads() {
+  profile::region("zero-fill", [&] { K::fill(grads_.view(), T(0)); });
+}
+
+template <class T>
+double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B) {
+  PTRAIN_REQUIRE(B >= 1 && B <= micro_batch_, "model: micro-batch of ", B,
+                 " samples exceeds the allocated ", micro_batch_);
+  B_ = B;
+  const int S = int(dims_.S), C = int(dims_.C), NH = int(dims_.NH / coord_.T);
+  const int HS = int(dims_.HS), Cl = NH * HS, Fl = int(dims_.F / coord_.T);
+  const int BT = B * S, Vl = int(dims_.Vpad / coord_.T);
+  const auto act = activation_sizes(dims_, coord_, micro_batch_, S, layout_.has_head);
+  static_assert(sizeof(int) == sizeof(std::int32_t));
+  Kokkos::deep_copy(
+      slice<int>(tokens_, 0, BT),
+      Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(inputs, BT));
+  Kokkos::deep_copy(
+      slice<int>(targets_, 0, BT),
+      Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(targets, BT));
+  const K::IntVec tok = slice<int>(tokens_, 0, BT), tgt = slice<int>(targets_, 0, BT);
+  const K::IntVec no_positions;
+
+  // x: (B, S, C), the residual stream entering block 0.
+  Carver<T> out{slice(acts_.view(), act.per_layer * layout_.n_layers, act.outside)};
+  K::Vec<T> x = out.take(std::int64_t(BT) * C);
+  profile::region("embedding", [&] {
+    K::encoder_forward(x, tok, no_positions, K::CVec<T>(param("wte.weight")),
+                       K::CVec<T>(param("wpe.weight")), B, S, C, 0, Vl);
+  });
+
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    const int layer = int(layout_.first_layer) + l;
+    const Block w = block_views(params_, layer);
+    Carver<T> a{slice(acts_.view(), act.per_layer * l, act.per_layer)};
+    auto ln1 = a.take(std::int64_t(BT) * C), ln1_mean = a.take(BT), ln1_rstd = a.take(BT);
+    auto qkv = a.take(std::int64_t(BT) * 3 * Cl), atty = a.take(std::int64_t(BT) * Cl);
+    auto lse = a.take(std::int64_t(BT) * NH), res2 = a.take(std::int64_t(BT) * C);
+    auto ln2 = a.take(std::int64_t(BT) * C), ln2_mean = a.take(BT), ln2_rstd = a.take(BT);
+    auto fch = a.take(std::int64_t(BT) * Fl), fch_gelu = a.take(std::int64_t(BT) * Fl);
+    auto res3 = a.take(std::int64_t(BT) * C);
+    // ln1 = LN(x); qkv = ln1 W_qkv^T + b; atty = attention(qkv); res2 = x + atty W_proj^T + b
+    profile::region("layernorm", [&] {
+      K::layernorm_forward<T>(ln1, ln1_mean, ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C);
+    });
+    profile::region("matmul",
+                    [&] { K::matmul_forward<T>(qkv, ln1, w.qkv_w, w.qkv_b, BT, C, 3 * Cl); });
+    profile::region("attention", [&] { K::attention_forward<T>(atty, lse, qkv, B, S, NH, HS); });
+    profile::region("matmul",
+                    [&] { K::matmul_forward<T>(res2, atty, w.proj_w, w.proj_b, BT, Cl, C); });
+    profile::region("residual", [&] { K::axpy<T>(res2, T(1), x); });
+    // ln2 = LN(res2); fch = ln2 W_fc^T + b; res3 = res2 + gelu(fch) W_proj^T + b
+    profile::region("layernorm", [&] {
+      K::layernorm_forward<T>(ln2, ln2_mean, ln2_rstd, res2, w.ln2_w, w.ln2_b, BT, C);
+    });
+    profile::region("matmul", [&] { K::matmul_forward<T>(fch, ln2, w.fc_w, w.fc_b, BT, C, Fl); });
+    profile::region("gelu", [&] { K::gelu_forward<T>(fch_gelu, fch, std::size_t(BT) * Fl); });
+    profile::region(
+        "matmul", [&] { K::matmul_forward<T>(res3, fch_gelu, w.fcproj_w, w.fcproj_b, BT, Fl, C); });
+    profile::region("residual", [&] { K::axpy<T>(res3, T(1), res2); });
+    x = res3;
+  }
+
+  // Head: lnf = LN(x); logits = lnf wte^T (the tied embedding); per-token cross-entropy.
+  auto lnf = out.take(std::int64_t(BT) * C), lnf_mean = out.take(BT), lnf_rstd = out.take(BT);
+  auto logits = out.take(std::int64_t(BT) * Vl), losses = out.take(BT);
+  auto row_max = out.take(BT), sumexp = out.take(BT), target_logit = out.take(BT);
+  profile::region("layernorm", [&] {
+    K::layernorm_forward<T>(lnf, lnf_mean, lnf_rstd, x, param("ln_f.weight"), param("ln_f.bias"),
+                            BT, C);
+  });
+  profile::region("matmul", [&] {
+    K::matmul_forward<T>(logits, lnf, param("wte.weight"), K::CVec<T>(), BT, C, Vl);
+  });
+  const K::VocabShard shard{0, Vl, int(dims_.V)};
+  profile::region("crossentropy", [&] { K::crossentropy_row_max<T>(row_max, logits, BT, shard); });
+  profile::region("crossentropy", [&] {
+    K::crossentropy_row_sumexp<T>(sumexp, target_logit, logits, row_max, tgt, BT, shard);
+  });
+  profile::region("crossentropy",
+                  [&] { K::crossentropy_loss<T>(losses, row_max, sumexp, target_logit, BT); });
+  double sum = 0;
+  Kokkos::parallel_reduce(
+      "ptrain::loss_sum", Kokkos::RangePolicy<>(0, BT),
+      KOKKOS_LAMBDA(const int i, double& s) { s += double(losses(i)); }, sum);
+  last_loss_sum_ = sum;
+  return sum;
+}
+
+template <class T>
+void GPT<T>::backward(T dloss) {
+  const int B = B_, S = int(dims_.S), C = int(dims_.C), NH = int(dims_.NH / coord_.T);
+  const int HS = int(dims_.HS), Cl = NH * HS, Fl = int(dims_.F / coord_.T);
+  const int BT = B * S, Vl = int(dims_.Vpad / coord_.T);
+  const auto act = activation_sizes(dims_, coord_, micro_batch_, S, layout_.has_head);
+  const K::IntVec tok = slice<int>(tokens_, 0, BT), tgt = slice<int>(targets_, 0, BT);
+  const K::IntVec no_positions;
+
+  Carver<T> out{slice(acts_.view(), act.per_layer * layout_.n_layers, act.outside)};
+  K::Vec<T> encoded = out.take(std::int64_t(BT) * C);
+  auto lnf = out.take(std::int64_t(BT) * C), lnf_mean = out.take(BT), lnf_rstd = out.take(BT);
+  auto logits = out.take(std::int64_t(BT) * Vl);
+  out.take(BT);  // losses
+  auto row_max = out.take(BT), sumexp = out.take(BT);
+
+  Carver<T> s{scratch_.view()};
+  auto dres = s.take(std::int64_t(BT) * C), dln = s.take(std::int64_t(BT) * C);
+  auto dgelu = s.take(std::int64_t(BT) * Fl), dfch = s.take(std::int64_t(BT) * Fl);
+  auto datty = s.take(std::int64_t(BT) * Cl), dqkv = s.take(std::int64_t(BT) * 3 * Cl);
+
+  // Residual stream input of block l: block l-1's res3, or the embedding output.
+  auto block_input = [&](int l) -> K::Vec<T> {
+    if (l == 0) return encoded;
+    const std::int64_t res3_offset = act.per_layer - std::int64_t(BT) * C;
+    return slice(acts_.view(), act.per_layer * (l - 1) + res3_offset, std::int64_t(BT) * C);
+  };
+
+  // Head: dlogits in place; dlnf = dlogits wte; dwte += dlogits^T lnf; dx = LN'(dlnf).
+  const K::VocabShard shard{0, Vl, int(dims_.V)};
+  profile::region("crossentropy", [&] {
+    K::crossentropy_backward<T>(logits, row_max, sumexp, tgt, BT, shard, dloss);
+  });
+  profile::region("zero-fill", [&] { K::fill(dln, T(0)); });
+  profile::region("matmul", [&] {
+    K::matmul_backward<T>(dln, grad("wte.weight"), K::Vec<T>(), logits, lnf, param("wte.weight"),
+                          BT, C, Vl);
+  });
+  profile::region("zero-fill", [&] { K::fill(dres, T(0)); });
+  profile::region("layernorm", [&] {
+    K::layernorm_backward<T>(dres, grad("ln_f.weight"), grad("ln_f.bias"), dln,
+                             block_input(int(layout_.n_layers)), param("ln_f.weight"), lnf_mean,
+                             lnf_rstd, BT, C);
+  });
+
+  for (int l = int(layout_.n_layers) - 1; l >= 0; --l) {
+    const int layer = int(layout_.first_layer) + l;
+    const Block w = block_views(params_, layer), g = block_views(grads_, layer);
+    Carver<T> a{slice(acts_.view(), act.per_layer * l, act.per_layer)};
+    auto ln1 = a.take(std::int64_t(BT) * C), ln1_mean = a.take(BT), ln1_rstd = a.take(BT);
+    auto qkv = a.take(std::int64_t(BT) * 3 * Cl), atty = a.take(std::int64_t(BT) * Cl);
+    auto lse = a.take(std::int64_t(BT) * NH), res2 = a.take(std::int64_t(BT) * C);
+    auto ln2 = a.take(std::int64_t(BT) * C), ln2_mean = a.take(BT), ln2_rstd = a.take(BT);
+    auto fch = a.take(std::int64_t(BT) * Fl), fch_gelu = a.take(std::int64_t(BT) * Fl);
+    // dres holds d(res3). MLP branch, then d(res2) = d(res3) + LN2'(...).
+    profile::region("zero-fill", [&] { K::fill(dgelu, T(0)); });
+    profile::region("matmul", [&] {
+      K::matmul_backward<T>(dgelu, g.fcproj_w, g.fcproj_b, dres, fch_gelu, w.fcproj_w, BT, Fl, C);
+    });
+    profile::region("zero-fill", [&] { K::fill(dfch, T(0)); });
+    profile::region("gelu", [&] { K::gelu_backward<T>(dfch, fch, dgelu, std::size_t(BT) * Fl); });
+    profile::region("zero-fill", [&] { K::fill(dln, T(0)); });
+    profile::region("matmul", [&] {
+      K::matmul_backward<T>(dln, g.fc_w, g.fc_b, dfch, ln2, w.fc_w, BT, C, Fl);
+    });
+    profile::region("layernorm", [&] {
+      K::layernorm_backward<T>(dres, g.ln2_w, g.ln2_b, dln, res2, w.ln2_w, ln2_mean, ln2_rstd, BT,
+                               C);
+    });
+    // Attention branch, then d(x) = d(res2) + LN1'(...).
+    profile::region("zero-fill", [&] { K::fill(datty, T(0)); });
+    profile::region("matmul", [&] {
+      K::matmul_backward<T>(datty, g.proj_w, g.proj_b, dres, atty, w.proj_w, BT, Cl, C);
+    });
+    profile::region("attention",
+                    [&] { K::attention_backward<T>(dqkv, datty, atty, lse, qkv, B, S, NH, HS); });
+    profile::region("zero-fill", [&] { K::fill(dln, T(0)); });
+    profile::region("matmul", [&] {
+      K::matmul_backward<T>(dln, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w, BT, C, 3 * Cl);
+    });
+    profile::region("layernorm", [&] {
+      K::layernorm_backward<T>(dres, g.ln1_w, g.ln1_b, dln, block_input(l), w.ln1_w, ln1_mean,
+                               ln1_rstd, BT, C);
+    });
+  }
+  profile::region("embedding", [&] {
+    K::encoder_backward<T>(grad("wte.weight"), grad("wpe.weight"), dres, tok, no_positions, B, S, C,
+                           0, Vl);
+  });
+}
+
+template class GPT<float>;
+template class GPT<double>;
+
+}  // namespace ptrain::model

@@ -1,0 +1,214 @@
+#include "model/layout.hpp"
+
+#include <algorithm>
+
+#include "util/error.hpp"
+
+namespace ptrain::model {
+
+Dims dims_of(const Config& config) {
+  const auto& m = config.model;
+  Dims d{};
+  d.L = m.n_layer;
+  d.C = m.d_model;
+  d.NH = m.n_head;
+  d.HS = m.d_model / m.n_head;
+  d.F = m.ffn_mult * m.d_model;
+  d.V = m.vocab;
+  const std::int64_t tp = config.parallel.tp;
+  d.Vpad = (m.vocab + tp - 1) / tp * tp;
+  d.S = m.seq_len;
+  d.n_expert = m.n_expert;
+  d.top_k = m.top_k;
+  d.moe_every = m.moe_every;
+  return d;
+}
+
+std::int64_t Slab::numel() const {
+  std::int64_t n = 1;
+  for (auto c : count) n *= c;
+  return n;
+}
+
+const TensorSpec& ChunkLayout::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return t;
+  throw Error(cat("model layout: no tensor '", name, "' in chunk ", chunk));
+}
+
+namespace {
+
+// Appends tensors to a chunk, assigning flat offsets in order.
+class ChunkBuilder {
+ public:
+  explicit ChunkBuilder(ChunkLayout& chunk) : chunk_(chunk) {}
+
+  TensorSpec& add(std::string name, Shape global, Shape local, std::vector<Slab> slabs,
+                  TensorKind kind, int layer) {
+    TensorSpec t;
+    t.name = std::move(name);
+    t.global_shape = std::move(global);
+    t.local_shape = std::move(local);
+    t.slabs = std::move(slabs);
+    t.kind = kind;
+    t.weight_decay = kind == TensorKind::matrix || kind == TensorKind::embedding;
+    t.layer = layer;
+    t.numel = 1;
+    for (auto n : t.local_shape) t.numel *= n;
+    t.offset = chunk_.numel;
+    chunk_.numel += t.numel;
+    chunk_.tensors.push_back(std::move(t));
+    return chunk_.tensors.back();
+  }
+
+  // A tensor every rank holds whole.
+  TensorSpec& replicated(std::string name, Shape shape, TensorKind kind, int layer) {
+    Slab all{Shape(shape.size(), 0), shape};
+    return add(std::move(name), shape, shape, {all}, kind, layer);
+  }
+
+  // A tensor split over `parts` along dimension `dim` (this rank holds part `index`).
+  TensorSpec& split(std::string name, Shape shape, int dim, std::int64_t parts, std::int64_t index,
+                    TensorKind kind, int layer) {
+    Shape local = shape;
+    local[dim] = shape[dim] / parts;
+    Slab s{Shape(shape.size(), 0), local};
+    s.start[dim] = index * local[dim];
+    return add(std::move(name), shape, local, {s}, kind, layer);
+  }
+
+ private:
+  ChunkLayout& chunk_;
+};
+
+void add_embedding(ChunkBuilder& b, const Dims& d, const ShardCoord& c, bool tied_copy) {
+  // Vocab-parallel: rank t holds padded rows [t*Vl, (t+1)*Vl); only the real rows
+  // (< V) are part of the global tensor, the rest is padding that stays zero.
+  const std::int64_t Vl = d.Vpad / c.T;
+  const std::int64_t begin = c.t * Vl;
+  const std::int64_t end = std::min<std::int64_t>(begin + Vl, d.V);
+  Slab rows{{begin, 0}, {std::max<std::int64_t>(0, end - begin), d.C}};
+  auto& wte = b.add("wte.weight", {d.V, d.C}, {Vl, d.C}, {rows}, TensorKind::embedding, -1);
+  wte.tied_copy = tied_copy;
+}
+
+void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
+  const std::string h = cat("h.", i, ".");
+  const std::int64_t C = d.C, F = d.F, T = c.T, t = c.t;
+  b.replicated(h + "ln_1.weight", {C}, TensorKind::norm, i);
+  b.replicated(h + "ln_1.bias", {C}, TensorKind::norm, i);
+  // qkv is column-parallel by heads: this rank's q, k and v rows are three blocks.
+  const std::int64_t Cl = C / T;
+  std::vector<Slab> w, bias;
+  for (std::int64_t j = 0; j < 3; ++j) {
+    w.push_back(Slab{{j * C + t * Cl, 0}, {Cl, C}});
+    bias.push_back(Slab{{j * C + t * Cl}, {Cl}});
+  }
+  b.add(h + "attn.qkv.weight", {3 * C, C}, {3 * Cl, C}, w, TensorKind::matrix, i);
+  b.add(h + "attn.qkv.bias", {3 * C}, {3 * Cl}, bias, TensorKind::bias, i);
+  b.split(h + "attn.proj.weight", {C, C}, 1, T, t, TensorKind::matrix, i);
+  b.replicated(h + "attn.proj.bias", {C}, TensorKind::bias, i);
+  b.replicated(h + "ln_2.weight", {C}, TensorKind::norm, i);
+  b.replicated(h + "ln_2.bias", {C}, TensorKind::norm, i);
+  if (d.is_moe_layer(i)) {
+    const std::int64_t E = d.n_expert, El = E / c.E, e0 = c.e * El, Fl = F / T;
+    b.replicated(h + "moe.router.weight", {E, C}, TensorKind::matrix, i);
+    auto expert = [&](std::string name, Shape global, Shape local, Slab s, TensorKind k) {
+      b.add(std::move(name), std::move(global), std::move(local), {std::move(s)}, k, i).expert =
+          true;
+    };
+    expert(h + "moe.fc.weight", {E, F, C}, {El, Fl, C}, Slab{{e0, t * Fl, 0}, {El, Fl, C}},
+           TensorKind::matrix);
+    expert(h + "moe.fc.bias", {E, F}, {El, Fl}, Slab{{e0, t * Fl}, {El, Fl}}, TensorKind::bias);
+    expert(h + "moe.proj.weight", {E, C, F}, {El, C, Fl}, Slab{{e0, 0, t * Fl}, {El, C, Fl}},
+           TensorKind::matrix);
+    expert(h + "moe.proj.bias", {E, C}, {El, C}, Slab{{e0, 0}, {El, C}}, TensorKind::bias);
+  } else {
+    b.split(h + "mlp.fc.weight", {F, C}, 0, T, t, TensorKind::matrix, i);
+    b.split(h + "mlp.fc.bias", {F}, 0, T, t, TensorKind::bias, i);
+    b.split(h + "mlp.proj.weight", {C, F}, 1, T, t, TensorKind::matrix, i);
+    b.replicated(h + "mlp.proj.bias", {C}, TensorKind::bias, i);
+  }
+}
+
+}  // namespace
+
+std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord) {
+  const Dims d = dims_of(config);
+  const int n_chunks = coord.P * coord.virtual_stages;
+  PTRAIN_REQUIRE(d.L % n_chunks == 0, "model layout: n_layer = ", d.L,
+                 " is not divisible by pp*virtual_stages = ", n_chunks);
+  const std::int64_t per_chunk = d.L / n_chunks;
+  std::vector<ChunkLayout> chunks;
+  for (int v = 0; v < coord.virtual_stages; ++v) {
+    // Interleaved assignment (Megatron): chunk v of stage p is global chunk v*P + p.
+    const int g = v * coord.P + coord.p;
+    ChunkLayout chunk;
+    chunk.chunk = v;
+    chunk.first_layer = g * per_chunk;
+    chunk.n_layers = per_chunk;
+    chunk.has_embedding = g == 0;
+    chunk.has_head = g == n_chunks - 1;
+    ChunkBuilder b(chunk);
+    if (chunk.has_embedding) {
+      add_embedding(b, d, coord, false);
+      b.replicated("wpe.weight", {d.S, d.C}, TensorKind::embedding, -1);
+    }
+    for (std::int64_t i = chunk.first_layer; i < chunk.first_layer + per_chunk; ++i)
+      add_block(b, d, coord, static_cast<int>(i));
+    if (chunk.has_head) {
+      b.replicated("ln_f.weight", {d.C}, TensorKind::norm, -1);
+      b.replicated("ln_f.bias", {d.C}, TensorKind::norm, -1);
+      if (!chunk.has_embedding) add_embedding(b, d, coord, true);  // the tied LM head
+    }
+    chunks.push_back(std::move(chunk));
+  }
+  return chunks;
+}
+
+std::int64_t global_parameter_count(const Config& config) {
+  // One rank holding everything: each tensor exactly once, at its global shape.
+  Config whole = config;
+  whole.parallel.tp = 1;
+  std::int64_t n = 0;
+  for (const auto& chunk : build_layout(whole, ShardCoord{}))
+    for (const auto& t : chunk.tensors) {
+      std::int64_t g = 1;
+      for (auto s : t.global_shape) g *= s;
+      n += g;
+    }
+  return n;
+}
+
+double flops_per_token(const Config& config) {
+  const Dims d = dims_of(config);
+  double n = static_cast<double>(global_parameter_count(config)) - double(d.S) * d.C;
+  // A token visits top_k experts of each MoE layer, not all of them.
+  const double expert_params = 2.0 * d.F * d.C + d.F + d.C;
+  for (std::int64_t i = 0; i < d.L; ++i)
+    if (d.is_moe_layer(i)) n -= (d.n_expert - d.top_k) * expert_params;
+  return 6.0 * n + 12.0 * d.L * d.C * d.S;
+}
+
+}  // namespace ptrain::model
+
+namespace ptrain::model {
+
+ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
+                                 bool has_head) {
+  const std::int64_t BT = B * T, C = d.C, Cl = d.C / c.T, Fl = d.F / c.T, NHl = d.NH / c.T;
+  ActivationSizes a;
+  // ln_1 + residual after attention + ln_2 + residual after MLP: 4 (BT, C);
+  // qkv (BT, 3Cl) + attention out (BT, Cl); fc and gelu (BT, Fl) each;
+  // LayerNorm mean and rstd (BT) twice; lse (B, NHl, T).
+  a.per_layer = BT * (4 * C + 4 * Cl + 2 * Fl + 4 + NHl);
+  a.outside = BT * C;  // embedding output (the residual stream entering block 0)
+  // ln_f (+ mean, rstd), logits (BT, Vl), per-token loss, row max, sum-exp, target logit.
+  if (has_head) a.outside += BT * (C + 2 + d.Vpad / c.T + 4);
+  // Backward: d(residual) and d(LayerNorm out) (BT, C), d(gelu out) and d(fc out) (BT, Fl),
+  // d(attention out) (BT, Cl), d(qkv) (BT, 3Cl).
+  a.scratch = BT * (2 * C + 4 * Cl + 2 * Fl);
+  return a;
+}
+
+}  // namespace ptrain::model

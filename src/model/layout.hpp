@@ -1,0 +1,114 @@
+// model/layout.hpp — the model's tensors, their canonical names and global shapes, and
+// which block of each a rank holds. Pure arithmetic (no MPI, no allocation): the real
+// parameter buffers, the checkpoint hyperslabs and `ptrain --plan` all come from here.
+//
+// Canonical names and global shapes (C = d_model, F = ffn_mult*C, V = vocab, S = seq_len):
+//   wte.weight              (V, C)    token embedding, tied LM head (vocab-parallel over tp)
+//   wpe.weight              (S, C)    learned positions
+//   h.<i>.ln_1.weight/bias  (C)
+//   h.<i>.attn.qkv.weight   (3C, C)   rows: q | k | v, heads contiguous (column-parallel)
+//   h.<i>.attn.qkv.bias     (3C)
+//   h.<i>.attn.proj.weight  (C, C)    row-parallel: tp splits the input (second) dim
+//   h.<i>.attn.proj.bias    (C)       replicated over tp, added once
+//   h.<i>.ln_2.weight/bias  (C)
+//   h.<i>.mlp.fc.weight     (F, C)    column-parallel    h.<i>.mlp.fc.bias (F)
+//   h.<i>.mlp.proj.weight   (C, F)    row-parallel       h.<i>.mlp.proj.bias (C)
+//   ln_f.weight/bias        (C)
+// A MoE block replaces mlp.* by moe.router.weight (E, C) and moe.fc.weight (E, F, C),
+// moe.fc.bias (E, F), moe.proj.weight (E, C, F), moe.proj.bias (E, C), experts split over ep.
+// The vocabulary is padded to a multiple of tp in memory; checkpoints hold the V real rows.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deck/config.hpp"
+
+namespace ptrain::model {
+
+using Shape = std::vector<std::int64_t>;
+
+// Sizes derived from the deck.
+struct Dims {
+  std::int64_t L, C, NH, HS, F, V, Vpad, S;  // layers, width, heads, head size, MLP width,
+                                             // vocab, padded vocab, sequence length
+  std::int64_t n_expert, top_k, moe_every;
+  bool is_moe_layer(std::int64_t layer) const {
+    return n_expert > 0 && (layer % moe_every) == moe_every - 1;
+  }
+};
+Dims dims_of(const Config& config);
+
+// Where a rank sits on the axes that shard the model.
+struct ShardCoord {
+  int t = 0, T = 1;  // tensor-parallel rank and size
+  int p = 0, P = 1;  // pipeline stage and count
+  int e = 0, E = 1;  // expert-parallel rank and size
+  int virtual_stages = 1;
+};
+
+// A block of a global tensor: rows [start, start+count) on each dimension.
+struct Slab {
+  Shape start, count;
+  std::int64_t numel() const;
+};
+
+enum class TensorKind { matrix, embedding, bias, norm };
+
+struct TensorSpec {
+  std::string name;         // canonical, e.g. "h.3.attn.qkv.weight"
+  Shape global_shape;       // in checkpoints
+  Shape local_shape;        // in this rank's flat buffer (padded vocab included)
+  std::vector<Slab> slabs;  // blocks of the global tensor held here, in local order
+  std::int64_t offset = 0;  // element offset in the chunk's flat buffer
+  std::int64_t numel = 0;   // local elements (product of local_shape)
+  TensorKind kind = TensorKind::matrix;
+  bool weight_decay = true;  // matrices and embeddings; not biases or norms
+  bool expert = false;       // reduced over the expert-grad group, not dense-grad
+  int layer = -1;            // block index, -1 for embeddings and ln_f
+  bool tied_copy = false;    // the last stage's copy of wte (pipeline): not saved twice
+};
+
+// One model chunk (pipeline stage, or one virtual stage of it): its tensors laid out
+// back to back in one flat buffer, in forward order.
+struct ChunkLayout {
+  int chunk = 0;  // virtual stage index on this rank
+  std::int64_t first_layer = 0, n_layers = 0;
+  bool has_embedding = false;  // first pipeline stage: wte, wpe
+  bool has_head = false;       // last pipeline stage: ln_f and the tied LM head
+  std::vector<TensorSpec> tensors;
+  std::int64_t numel = 0;                                 // flat buffer length
+  const TensorSpec& find(const std::string& name) const;  // throws when absent
+};
+
+// The chunks a rank holds (one unless the schedule is interleaved).
+std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord);
+
+// Parameters of the whole model (global shapes, unpadded vocab, each tensor once).
+std::int64_t global_parameter_count(const Config& config);
+
+// Model FLOPs per trained token (forward + backward), PaLM appendix B / nanoGPT:
+//   6 * N + 12 * L * C * S
+// with N the parameters used in matrix products and embeddings (all but wpe; for MoE the
+// top_k experts a token visits instead of all experts). Attention is counted without the
+// causal halving, as in those references.
+double flops_per_token(const Config& config);
+
+}  // namespace ptrain::model
+
+namespace ptrain::model {
+
+// Elements of the activations one chunk keeps for the backward of one micro-batch, and of
+// the backward's scratch. The model allocates exactly these; `--plan` prints them.
+struct ActivationSizes {
+  std::int64_t per_layer =
+      0;  // kept per block: ln_1, qkv, attention out + lse, residuals, ln_2, fc, gelu
+  std::int64_t outside = 0;  // embedding output, ln_f, logits, per-token losses
+  std::int64_t scratch = 0;  // backward gradients of activations (reused across blocks)
+  std::int64_t kept(std::int64_t n_layers) const { return per_layer * n_layers + outside; }
+};
+// B samples of T local tokens (T = seq_len / cp).
+ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
+                                 bool has_head);
+
+}  // namespace ptrain::model
