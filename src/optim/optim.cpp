@@ -80,21 +80,6 @@ KOKKOS_INLINE_FUNCTION T square_root(T x) {
 #endif
 }
 
-// Index of the merged segment holding element i: the first with end > i.
-KOKKOS_INLINE_FUNCTION bool decayed(const Kokkos::View<const std::uint64_t*>& ends,
-                                    const Kokkos::View<const std::uint8_t*>& flags,
-                                    std::uint64_t i) {
-  std::size_t a = 0, b = ends.extent(0);
-  while (a < b) {
-    const std::size_t mid = (a + b) / 2;
-    if (ends(mid) > i)
-      b = mid;
-    else
-      a = mid + 1;
-  }
-  return flags(a) != 0;
-}
-
 template <class T>
 struct AdamWCoeffs {
   T keep;        // 1 - lr*wd on decayed elements
@@ -105,17 +90,16 @@ struct AdamWCoeffs {
   T eps;
 };
 
-// p, g, m, v: (n,) — the shard. Operation order as torch.optim.AdamW (single tensor).
+// p, g, m, v: (n,) — the shard; elements [begin, end) of it, all decayed by `keep` (1: none).
+// Operation order as torch.optim.AdamW (single tensor).
 template <class T>
 void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
-                  const Kokkos::View<T*>& m, const Kokkos::View<T*>& v,
-                  const Kokkos::View<const std::uint64_t*>& ends,
-                  const Kokkos::View<const std::uint8_t*>& flags, const AdamWCoeffs<T> c) {
+                  const Kokkos::View<T*>& m, const Kokkos::View<T*>& v, std::size_t begin,
+                  std::size_t end, const T keep, const AdamWCoeffs<T> c) {
   Kokkos::parallel_for(
-      "ptrain::optim::adamw", Kokkos::RangePolicy<>(0, p.extent(0)),
+      "ptrain::optim::adamw", Kokkos::RangePolicy<>(begin, end),
       KOKKOS_LAMBDA(const std::int64_t i) {
-        T x = p(i);
-        if (decayed(ends, flags, std::uint64_t(i))) x *= c.keep;
+        const T x = p(i) * keep;
         const T gi = g(i);
         const T mi = m(i) * c.b1 + c.one_b1 * gi;
         const T vi = v(i) * c.b2 + c.one_b2 * gi * gi;
@@ -126,18 +110,13 @@ void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
       });
 }
 
-// p, g: (n,). p *= keep on decayed elements, then p -= lr*g.
+// p, g: (n,); elements [begin, end): p *= keep (1: not decayed), then p -= lr*g.
 template <class T>
-void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
-                const Kokkos::View<const std::uint64_t*>& ends,
-                const Kokkos::View<const std::uint8_t*>& flags, const T keep, const T lr) {
+void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g, std::size_t begin,
+                std::size_t end, const T keep, const T lr) {
   Kokkos::parallel_for(
-      "ptrain::optim::sgd", Kokkos::RangePolicy<>(0, p.extent(0)),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        T x = p(i);
-        if (decayed(ends, flags, std::uint64_t(i))) x *= keep;
-        p(i) = x - lr * g(i);
-      });
+      "ptrain::optim::sgd", Kokkos::RangePolicy<>(begin, end),
+      KOKKOS_LAMBDA(const std::int64_t i) { p(i) = p(i) * keep - lr * g(i); });
 }
 
 }  // namespace detail
@@ -147,20 +126,7 @@ void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
 template <class T>
 Optimizer<T>::Optimizer(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi,
                         const Hyper& hyper)
-    : n_(hi - lo), hyper_(hyper) {
-  const std::vector<Segment> local = shard_segments(segments, lo, hi);
-  seg_end_ = TrackedView<std::uint64_t>(MemCategory::optimizer, "optim.segment_end", local.size());
-  seg_decay_ =
-      TrackedView<std::uint8_t>(MemCategory::optimizer, "optim.segment_decay", local.size());
-  auto ends = Kokkos::create_mirror_view(seg_end_.view());
-  auto flags = Kokkos::create_mirror_view(seg_decay_.view());
-  for (std::size_t k = 0; k < local.size(); ++k) {
-    ends(k) = local[k].end;
-    flags(k) = local[k].decay ? 1 : 0;
-  }
-  Kokkos::deep_copy(seg_end_.view(), ends);
-  Kokkos::deep_copy(seg_decay_.view(), flags);
-}
+    : n_(hi - lo), hyper_(hyper), segments_(shard_segments(segments, lo, hi)) {}
 
 namespace {
 void check_extents(const char* who, std::size_t n, std::size_t params, std::size_t grads,
@@ -193,8 +159,10 @@ void AdamW<T>::step(const typename Optimizer<T>::View& params,
   c.step_size = T(lr / (1.0 - std::pow(h.beta1, double(t))));
   c.sqrt_bc2 = T(std::sqrt(1.0 - std::pow(h.beta2, double(t))));
   c.eps = T(h.eps);
-  detail::adamw_update<T>(params, grads, m_.view(), v_.view(), this->seg_end_.view(),
-                          this->seg_decay_.view(), c);
+  // One launch per run of equally decayed elements (merged segments: few and long).
+  for (const auto& seg : this->segments_)
+    detail::adamw_update<T>(params, grads, m_.view(), v_.view(), seg.begin, seg.end,
+                            seg.decay ? c.keep : T(1), c);
 }
 
 template <class T>
@@ -212,8 +180,9 @@ void SGD<T>::step(const typename Optimizer<T>::View& params,
                   const typename Optimizer<T>::ConstView& grads, double lr) {
   check_extents("SGD", this->n_, params.extent(0), grads.extent(0), lr);
   ++this->t_;
-  detail::sgd_update<T>(params, grads, this->seg_end_.view(), this->seg_decay_.view(),
-                        T(1.0 - lr * this->hyper_.weight_decay), T(lr));
+  const T keep = T(1.0 - lr * this->hyper_.weight_decay);
+  for (const auto& seg : this->segments_)
+    detail::sgd_update<T>(params, grads, seg.begin, seg.end, seg.decay ? keep : T(1), T(lr));
 }
 
 template <class T>
@@ -229,12 +198,24 @@ std::unique_ptr<Optimizer<T>> make_optimizer(const std::string& name,
 
 template <class T>
 double sum_of_squares(const Kokkos::View<T*>& x) {
+  // Blocks of 4096 elements summed with 8 independent partial sums (so the compiler can
+  // vectorise without reassociating), then the blocks reduced: a fixed order on any backend.
+  constexpr std::int64_t kBlock = 4096;
+  const std::int64_t n = std::int64_t(x.extent(0)), blocks = (n + kBlock - 1) / kBlock;
   double sum = 0;
   Kokkos::parallel_reduce(
-      "ptrain::optim::sum_of_squares", Kokkos::RangePolicy<>(0, x.extent(0)),
-      KOKKOS_LAMBDA(const std::int64_t i, double& acc) {
-        const double xi = double(x(i));
-        acc += xi * xi;
+      "ptrain::optim::sum_of_squares", Kokkos::RangePolicy<>(0, blocks),
+      KOKKOS_LAMBDA(const std::int64_t b, double& acc) {
+        const std::int64_t lo = b * kBlock, hi = lo + kBlock < n ? lo + kBlock : n;
+        double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        std::int64_t i = lo;
+        for (; i + 8 <= hi; i += 8)
+          for (int k = 0; k < 8; ++k) {
+            const double xi = double(x(i + k));
+            part[k] += xi * xi;
+          }
+        for (; i < hi; ++i) part[0] += double(x(i)) * double(x(i));
+        acc += ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
       },
       sum);
   return sum;

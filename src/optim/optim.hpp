@@ -74,8 +74,7 @@ class Optimizer {
   std::size_t n_ = 0;
   std::int64_t t_ = 0;
   Hyper hyper_;
-  TrackedView<std::uint64_t> seg_end_;   // merged shard segments: ends, ascending
-  TrackedView<std::uint8_t> seg_decay_;  // and their decay flags
+  std::vector<Segment> segments_;  // the shard's merged segments (host: one launch each)
 };
 
 // PyTorch's AdamW (decoupled decay), per element with step t and wd on decayed elements:

@@ -1,0 +1,269 @@
+#include "parallel/plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "util/error.hpp"
+#include "util/memory.hpp"
+
+namespace ptrain::parallel {
+
+namespace {
+
+constexpr int idx(MemCategory c) { return static_cast<int>(c); }
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+int dense_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.ep * c.parallel.cp); }
+int expert_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.cp); }
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+std::string with_commas(std::int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(std::size_t(i), ",");
+  return s;
+}
+
+}  // namespace
+
+double MemoryEstimate::total() const {
+  double t = 0;
+  for (double b : bytes) t += b;
+  return t;
+}
+
+std::int64_t dtype_bytes(const Config& config) {
+  const auto& d = config.model.dtype;
+  return d == "fp64" ? 8 : d == "bf16" ? 2 : 4;
+}
+
+std::int64_t micro_batches_per_step(const Config& config) {
+  const auto& t = config.train;
+  return t.global_batch / (t.micro_batch * config.parallel.dp * config.parallel.ep);
+}
+
+double pipeline_bubble(const Config& config) {
+  const double p = double(config.parallel.pp), v = double(config.parallel.virtual_stages);
+  const double m = double(micro_batches_per_step(config));
+  return (p - 1) / (v * m + p - 1);
+}
+
+MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord) {
+  MemoryEstimate est;
+  const auto chunks = model::build_layout(config, coord);
+  std::int64_t layers = 0;
+  bool head = false;
+  for (const auto& ch : chunks) {
+    for (const auto& t : ch.tensors) (t.expert ? est.expert_params : est.dense_params) += t.numel;
+    layers += ch.n_layers;
+    head = head || ch.has_head;
+  }
+  est.local_params = est.dense_params + est.expert_params;
+
+  const double w = double(dtype_bytes(config));
+  const bool mixed = config.model.dtype == "bf16";  // fp32 master weights and moments
+  const double state_w = mixed ? 4.0 : w;
+  const int zero = int(config.parallel.zero);
+  const std::int64_t Dg = dense_grad_size(config), De = expert_grad_size(config);
+  // ZeRO shards are equal pieces of the flat buffer (the last one padded).
+  const double dense_shard = double(ceil_div(est.dense_params, Dg));
+  const double expert_shard = double(ceil_div(est.expert_params, De));
+  const double full = double(est.local_params), shard = dense_shard + expert_shard;
+
+  est.bytes[idx(MemCategory::params)] = (zero >= 3 ? shard : full) * w;
+  est.bytes[idx(MemCategory::grads)] = (zero >= 2 ? shard : full) * w;
+  est.bytes[idx(MemCategory::optimizer)] =
+      (zero >= 1 ? shard : full) * state_w * (config.train.optimizer == "adamw" ? 2 : 0) +
+      (mixed ? (zero >= 1 ? shard : full) * 4.0 : 0.0);
+
+  const model::Dims d = model::dims_of(config);
+  const std::int64_t T = d.S / config.parallel.cp;
+  const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, head);
+  // 1F1B keeps up to p micro-batches in flight on the first stage; GPipe keeps all m.
+  const std::int64_t m = micro_batches_per_step(config);
+  const std::int64_t in_flight = config.parallel.pp == 1 ? 1
+                                 : config.parallel.pp_schedule == "gpipe"
+                                     ? m
+                                     : std::min<std::int64_t>(m, config.parallel.pp);
+  est.bytes[idx(MemCategory::activations)] = double(act.kept(layers)) * double(in_flight) * w;
+  est.bytes[idx(MemCategory::workspace)] = double(act.scratch) * w;
+
+  // Communication buffers: ZeRO 2/3 reduce-scatter through one bucket; ZeRO 3 also holds
+  // two gathered blocks (the current one and the prefetched next).
+  const double bucket = config.parallel.bucket_mb * 1024.0 * 1024.0;
+  double comm = zero >= 2 ? std::min(bucket, full * w) : 0.0;
+  if (zero >= 3 && layers > 0) comm += 2.0 * (full / double(layers)) * w;
+  est.bytes[idx(MemCategory::comm)] = comm;
+  return est;
+}
+
+std::vector<CommEstimate> estimate_comm(const Config& config, const model::ShardCoord& coord) {
+  const auto& par = config.parallel;
+  const model::Dims d = model::dims_of(config);
+  const double w = double(dtype_bytes(config));
+  const auto mem = estimate_memory(config, coord);
+  const double m = double(micro_batches_per_step(config));
+  const double B = double(config.train.micro_batch), Tl = double(d.S / par.cp);
+  const double act = B * Tl * double(d.C) * w;  // one (B, T, C) activation
+  std::int64_t layers = 0, moe_layers = 0;
+  bool first = false, last = false;
+  for (const auto& ch : model::build_layout(config, coord)) {
+    layers += ch.n_layers;
+    for (std::int64_t i = ch.first_layer; i < ch.first_layer + ch.n_layers; ++i)
+      moe_layers += d.is_moe_layer(i) ? 1 : 0;
+    first = first || ch.has_embedding;
+    last = last || ch.has_head;
+  }
+  std::vector<CommEstimate> out;
+  auto ring = [](double n) { return (n - 1) / n; };
+
+  // Data parallel: gradients of the dense parameters over d,e,c; experts over d,c.
+  auto dp_volume = [&](double S, double D) {
+    switch (par.zero) {
+      case 0:
+        return 2 * ring(D) * S;  // all-reduce
+      case 1:
+        return 2 * ring(D) * S + ring(D) * S;  // all-reduce + all-gather params
+      case 2:
+        return 2 * ring(D) * S;  // reduce-scatter + all-gather params
+      default:
+        return 3 * ring(D) * S;  // + all-gather params in fwd and bwd
+    }
+  };
+  const char* dp_formula[] = {"2(D-1)/D*S all-reduce", "2(D-1)/D*S + (D-1)/D*S all-gather",
+                              "(D-1)/D*S reduce-scatter + (D-1)/D*S all-gather",
+                              "(D-1)/D*S reduce-scatter + 2(D-1)/D*S all-gathers"};
+  out.push_back({GroupKind::dense_grad,
+                 dp_volume(double(mem.dense_params) * w, double(dense_grad_size(config))),
+                 dp_formula[par.zero]});
+  if (mem.expert_params > 0)
+    out.push_back({GroupKind::expert_grad,
+                   dp_volume(double(mem.expert_params) * w, double(expert_grad_size(config))),
+                   dp_formula[par.zero]});
+
+  // Tensor parallel: 2 all-reduces (or RS+AG with SP) per block each way, one for the
+  // vocab-parallel embedding, three (B,T) reductions for the loss.
+  const double T = double(par.tp);
+  double tp = m * (4.0 * double(layers) + (first ? 1.0 : 0.0)) * 2 * ring(T) * act;
+  if (last) tp += m * 3.0 * 2 * ring(T) * B * Tl * w;
+  out.push_back({GroupKind::tp, tp, "m*(4L+1)*2(T-1)/T*b*s*h (+3 b*s for the loss)"});
+
+  // Context parallel: K and V go round the ring once forward, K,V and their grads backward.
+  const double Cp = double(par.cp), kv = 2.0 * B * Tl * double(d.C / par.tp) * w;
+  out.push_back(
+      {GroupKind::cp, m * double(layers) * (Cp - 1) * 3.0 * kv, "m*L*(C-1)*3*2*b*(s/C)*h/T"});
+
+  // Expert parallel: dispatch + combine all-to-all, forward and backward.
+  const double E = double(par.ep);
+  out.push_back({GroupKind::ep, m * double(moe_layers) * 4.0 * act * double(d.top_k) * ring(E),
+                 "m*L_moe*4*k*b*s*h*(E-1)/E"});
+
+  // Pipeline: activations forward, their gradients backward, per micro-batch and chunk.
+  const double v = double(par.virtual_stages);
+  double pp = 0;
+  if (par.pp > 1) pp = m * v * act * ((last ? 0.0 : 1.0) + (first ? 0.0 : 1.0));
+  out.push_back({GroupKind::pp, pp, "m*v*b*s*h per direction"});
+
+  // Tied embedding: first and last stages all-reduce the wte gradient.
+  double embed = 0;
+  if (par.pp > 1 && (first || last)) embed = double(d.Vpad / par.tp) * double(d.C) * w;
+  out.push_back({GroupKind::embed, embed, "V/T*h all-reduce over 2 ranks"});
+  return out;
+}
+
+std::string plan_report(const Config& config, const Layout& layout) {
+  std::string r;
+  auto line = [&](const std::string& s) { r += s + "\n"; };
+  const model::Dims d = model::dims_of(config);
+  const auto& par = config.parallel;
+
+  line(cat("plan for ", config.deck_path, " on ", layout.world(), " ranks (", layout.num_nodes(),
+           " nodes, ", layout.max_ranks_per_node(), " ranks per node)"));
+  line("");
+  line(layout.describe());
+
+  const std::int64_t n_global = model::global_parameter_count(config);
+  line(cat("model: ", d.L, " layers, d_model ", d.C, ", ", d.NH, " heads, vocab ", d.V,
+           d.Vpad != d.V ? cat(" (padded to ", d.Vpad, ", a multiple of tp)") : std::string(),
+           ", seq_len ", d.S, ", dtype ", config.model.dtype));
+  line(cat("parameters: ", with_commas(n_global),
+           " (tied embeddings, learned positions, biases; "
+           "before padding)"));
+  const double fpt = model::flops_per_token(config);
+  line(cat("model FLOPs per token: ", fmt("%.4g", fpt),
+           "  (6*N + 12*L*d_model*seq_len, N = parameters less wpe; fwd + bwd)"));
+  const std::int64_t m = micro_batches_per_step(config);
+  const double tokens = double(config.train.global_batch) * double(d.S);
+  line(cat("step: ", config.train.global_batch, " samples = ", fmt("%.0f", tokens), " tokens, ", m,
+           " micro-batch(es) of ", config.train.micro_batch, " per rank, ",
+           fmt("%.4g", fpt * tokens), " FLOPs"));
+  if (par.pp > 1)
+    line(cat("pipeline bubble: ", fmt("%.1f%%", 100 * pipeline_bubble(config)),
+             " ((p-1)/(v*m+p-1), ", par.pp_schedule, ")"));
+  if (config.backend.peak_gflops > 0) {
+    const double t = fpt * tokens / (config.backend.peak_gflops * 1e9 * layout.world());
+    line(cat("predicted step time at 100% of backend%peak_gflops = ", config.backend.peak_gflops,
+             " GFLOP/s per rank: ", fmt("%.3g s", t)));
+  } else {
+    line("predicted step time: set backend%peak_gflops (per rank) to get one");
+  }
+  line("");
+
+  // One row per distinct shard (rank 0 and the ranks that hold other parts of the model).
+  line("per-rank memory (shard of the first rank with each (t,p,e) coordinate):");
+  char head[256];
+  std::snprintf(head, sizeof head, "  %-6s %-8s %14s %11s %11s %11s %11s %11s %11s %11s", "rank",
+                "t,p,e", "params", "params", "grads", "optimizer", "activation", "comm",
+                "workspace", "total");
+  line(head);
+  std::vector<Coords> seen;
+  const auto rank_of = [&](int t, int p, int e) {
+    Coords c{};
+    c[int(Axis::t)] = t;
+    c[int(Axis::p)] = p;
+    c[int(Axis::e)] = e;
+    return layout.rank(c);
+  };
+  int rows = 0;
+  for (int p = 0; p < par.pp; ++p)
+    for (int e = 0; e < par.ep; ++e)
+      for (int t = 0; t < par.tp; ++t) {
+        if (rows >= 16 && !(p == par.pp - 1 && e == par.ep - 1 && t == par.tp - 1)) continue;
+        ++rows;
+        model::ShardCoord sc{
+            t, int(par.tp), p, int(par.pp), e, int(par.ep), int(par.virtual_stages)};
+        const auto mem = estimate_memory(config, sc);
+        auto b = [&](MemCategory c) { return format_bytes(mem.bytes[idx(c)]); };
+        char row[320];
+        std::snprintf(row, sizeof row, "  %-6d %-8s %14s %11s %11s %11s %11s %11s %11s %11s",
+                      rank_of(t, p, e), cat(t, ",", p, ",", e).c_str(),
+                      with_commas(mem.local_params).c_str(), b(MemCategory::params).c_str(),
+                      b(MemCategory::grads).c_str(), b(MemCategory::optimizer).c_str(),
+                      b(MemCategory::activations).c_str(), b(MemCategory::comm).c_str(),
+                      b(MemCategory::workspace).c_str(), format_bytes(mem.total()).c_str());
+        line(row);
+      }
+  line(cat("  (ZeRO ", par.zero, " over the dense-grad group of ", dense_grad_size(config),
+           " ranks; activations for ",
+           par.pp == 1 ? std::string("1 micro-batch")
+                       : cat("the micro-batches in flight under ", par.pp_schedule),
+           ")"));
+  line("");
+  line("communication per step, sent by one rank (rank 0's shard):");
+  model::ShardCoord sc0{0, int(par.tp), 0, int(par.pp), 0, int(par.ep), int(par.virtual_stages)};
+  for (const auto& c : estimate_comm(config, sc0)) {
+    if (layout.group_size(c.group) <= 1 && c.bytes_per_step == 0) continue;
+    char row[256];
+    std::snprintf(row, sizeof row, "  %-12s %12s   %s", group_name(c.group),
+                  format_bytes(c.bytes_per_step).c_str(), c.formula.c_str());
+    line(row);
+  }
+  return r;
+}
+
+}  // namespace ptrain::parallel

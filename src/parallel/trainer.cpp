@@ -1,0 +1,139 @@
+#include "parallel/trainer.hpp"
+
+#include <cmath>
+
+#include "util/error.hpp"
+#include "util/profile.hpp"
+#include "util/timer.hpp"
+
+namespace ptrain::parallel {
+
+namespace {
+
+model::ShardCoord shard_coord(const Config& config, const Grid& grid) {
+  model::ShardCoord c;
+  c.t = grid.coord(Axis::t);
+  c.T = grid.size(Axis::t);
+  c.p = grid.coord(Axis::p);
+  c.P = grid.size(Axis::p);
+  c.e = grid.coord(Axis::e);
+  c.E = grid.size(Axis::e);
+  c.virtual_stages = int(config.parallel.virtual_stages);
+  return c;
+}
+
+std::vector<optim::Segment> decay_segments(const model::ChunkLayout& layout) {
+  std::vector<optim::Segment> segs;
+  for (const auto& t : layout.tensors)
+    segs.push_back({std::size_t(t.offset), std::size_t(t.offset + t.numel), t.weight_decay});
+  return segs;
+}
+
+}  // namespace
+
+void check_supported(const Config& c, int world_size) {
+  auto no = [](bool asked, const char* what) {
+    if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
+  };
+  no(world_size > 1, "training on more than one rank (use --plan for larger grids)");
+  no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
+  no(c.checkpoint.every > 0, "checkpoint%every > 0 (periodic checkpoints)");
+  no(!c.checkpoint.restart.empty(), "checkpoint%restart (resuming a run)");
+  no(c.run.trace, "run%trace = .true. (timeline traces)");
+  no(c.train.recompute != "none", "train%recompute other than 'none'");
+  no(c.backend.device != "cpu", "backend%device other than 'cpu'");
+}
+
+template <class T>
+Trainer<T>::Trainer(const Config& config, const Grid& grid)
+    : config_(config),
+      grid_(grid),
+      model_(config, shard_coord(config, grid), int(config.train.micro_batch)),
+      data_(data::open_source(data::spec_from_config(config))),
+      schedule_(optim::schedule_from_config(config)) {
+  const auto& layout = model_.layout();
+  optimizer_ =
+      optim::make_optimizer<T>(config.train.optimizer, decay_segments(layout), 0,
+                               std::size_t(layout.numel), optim::hyper_from_config(config));
+  const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len);
+  inputs_.resize(n);
+  targets_.resize(n);
+}
+
+template <class T>
+std::pair<std::int64_t, std::int64_t> Trainer<T>::my_slice(std::int64_t n) const {
+  const std::int64_t ranks = grid_.group_size(GroupKind::batch),
+                     r = grid_.group_rank(GroupKind::batch);
+  const std::int64_t per = n / ranks, extra = n % ranks;
+  const std::int64_t first = r * per + std::min(r, extra);
+  return {first, per + (r < extra ? 1 : 0)};
+}
+
+template <class T>
+StepResult Trainer<T>::step(std::int64_t s) {
+  StepResult r;
+  r.step = s;
+  const double t0 = wall_seconds();
+  const std::int64_t S = config_.model.seq_len, mb = config_.train.micro_batch;
+  const std::int64_t global = config_.train.global_batch;
+  r.tokens = global * S;
+  const T dloss = T(1.0 / double(r.tokens));  // d(mean loss) / d(token loss)
+
+  model_.zero_grads();
+  const auto [first, count] = my_slice(global);
+  double loss_sum = 0;
+  Stopwatch fwd, bwd, opt;
+  for (std::int64_t j = 0; j < count; j += mb) {
+    const int B = int(std::min(mb, count - j));
+    profile::region("data", [&] {
+      data::fetch(*data_, data::Split::train, s, first + j, B, inputs_.data(), targets_.data());
+    });
+    fwd.start();
+    loss_sum += model_.forward(inputs_.data(), targets_.data(), B);
+    Kokkos::fence();
+    fwd.stop();
+    bwd.start();
+    model_.backward(dloss);
+    Kokkos::fence();
+    bwd.stop();
+  }
+  r.loss = loss_sum / double(r.tokens);
+
+  opt.start();
+  auto grads = model_.grads();
+  profile::region("clip", [&] {
+    r.grad_norm = std::sqrt(optim::sum_of_squares(grads));
+    const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
+    if (factor != 1.0) optim::scale(grads, factor);
+  });
+  r.lr = schedule_.at(s);
+  profile::region("optimizer", [&] { optimizer_->step(model_.params(), grads, r.lr); });
+  Kokkos::fence();
+  opt.stop();
+
+  r.t_forward = fwd.total();
+  r.t_backward = bwd.total();
+  r.t_optimizer = opt.total();
+  r.t_step = wall_seconds() - t0;
+  return r;
+}
+
+template <class T>
+double Trainer<T>::evaluate() {
+  const std::int64_t S = config_.model.seq_len, mb = config_.train.micro_batch;
+  const std::int64_t n =
+      config_.data.val_samples > 0 ? config_.data.val_samples : config_.train.global_batch;
+  const auto [first, count] = my_slice(n);
+  double loss_sum = 0;
+  for (std::int64_t j = 0; j < count; j += mb) {
+    const int B = int(std::min(mb, count - j));
+    data::fetch(*data_, data::Split::val, 0, first + j, B, inputs_.data(), targets_.data());
+    loss_sum += model_.forward(inputs_.data(), targets_.data(), B);
+  }
+  return loss_sum / double(n * S);
+}
+
+template class Trainer<float>;
+template class Trainer<double>;
+
+}  // namespace ptrain::parallel

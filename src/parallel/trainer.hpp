@@ -1,0 +1,56 @@
+// parallel/trainer.hpp — one training step on this rank: the micro-batches of its slice of
+// the global batch, forward/backward with gradient accumulation, clipping by the global
+// norm, the optimizer update. The loss is the mean over every token of the global batch
+// (ARCHITECTURE.md section 3), whatever the grid.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "data/data.hpp"
+#include "deck/config.hpp"
+#include "grid/grid.hpp"
+#include "model/gpt.hpp"
+#include "optim/optim.hpp"
+
+namespace ptrain::parallel {
+
+struct StepResult {
+  std::int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
+  std::int64_t tokens = 0;                                            // in the global batch
+};
+
+// Refuses (Error, exit code 2, the same on every rank) what this version cannot train yet:
+// more than one rank, mixture of experts, periodic checkpoints and restart, traces,
+// recomputation, a device other than the CPU.
+void check_supported(const Config& config, int world_size);
+
+template <class T>
+class Trainer {
+ public:
+  Trainer(const Config& config, const Grid& grid);
+
+  model::GPT<T>& model() { return model_; }
+  const data::TokenSource& data() const { return *data_; }
+  optim::Optimizer<T>& optimizer() { return *optimizer_; }
+
+  StepResult step(std::int64_t s);  // optimizer step s (1-based)
+  double evaluate();                // mean loss over the validation samples
+  bool can_evaluate() const { return data_->has_val(); }
+
+ private:
+  // This rank's contiguous slice [first, first+count) of n samples.
+  std::pair<std::int64_t, std::int64_t> my_slice(std::int64_t n) const;
+
+  const Config& config_;
+  const Grid& grid_;
+  model::GPT<T> model_;
+  std::unique_ptr<data::TokenSource> data_;
+  std::unique_ptr<optim::Optimizer<T>> optimizer_;
+  optim::LrSchedule schedule_;
+  std::vector<std::int32_t> inputs_, targets_;  // one micro-batch, host
+};
+
+}  // namespace ptrain::parallel
