@@ -1,13 +1,392 @@
-// main.cpp — the ptrain driver (placeholder until the deck and grid land).
+// main.cpp — the ptrain driver: arguments, deck, grid, then plan or train.
+//
+//   ptrain [options] deck.nml
+//     --set group%key=value   override a deck key (repeatable)
+//     --plan                  validate and print the plan (grid, memory, traffic), no training
+//     --world N               plan for N ranks (no mpirun needed); with --ranks-per-node K
+//     --bench                 time training steps against a measured sgemm peak
+//     --help-deck             the deck reference (Markdown)
+//     --version, --help
+//
+// Errors: a deck or argument error is found identically on every rank; rank 0 prints it
+// and every rank exits with code 2. Any other error on one rank prints
+// "[rank N] error: ..." and aborts the job with MPI_Abort.
 #include <mpi.h>
+#include <sys/stat.h>
 
+#include <Kokkos_Core.hpp>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "ckpt/weights.hpp"
+#include "deck/deck.hpp"
+#include "grid/grid.hpp"
+#include "kernels/gemm.hpp"
+#include "model/layout.hpp"
+#include "parallel/plan.hpp"
+#include "parallel/trainer.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "util/memory.hpp"
+#include "util/profile.hpp"
+#include "util/timer.hpp"
 #include "util/version.hpp"
+
+namespace {
+
+using namespace ptrain;
+
+const char* kUsage =
+    "usage: ptrain [options] deck.nml\n"
+    "  --set group%key=value   override a deck key (repeatable)\n"
+    "  --plan                  validate the deck and print the plan; no training\n"
+    "  --world N               plan for N ranks without mpirun (with --plan)\n"
+    "  --ranks-per-node K      ranks per node for --world (default 1)\n"
+    "  --bench                 time training steps against a measured sgemm peak\n"
+    "  --help-deck             print the deck reference (Markdown)\n"
+    "  --version               print the version\n"
+    "  --help                  print this help\n";
+
+struct Options {
+  std::string deck;
+  std::vector<std::string> overrides;
+  bool plan = false, bench = false, help = false, help_deck = false, version = false;
+  int world = 0, ranks_per_node = 0;
+};
+
+int parse_count(const std::string& flag, const char* text) {
+  char* end = nullptr;
+  long v = std::strtol(text, &end, 10);
+  if (!end || *end || v < 1 || v > 100000000)
+    throw Error(cat("ptrain: ", flag, " expects a positive integer, got '", text, "'"), kExitInput);
+  return static_cast<int>(v);
+}
+
+// Every rank parses the same argv, so an error here is collective.
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) throw Error(cat("ptrain: ", a, " needs a value"), kExitInput);
+      return argv[++i];
+    };
+    if (a == "--set")
+      o.overrides.push_back(value());
+    else if (a.rfind("--set=", 0) == 0)
+      o.overrides.push_back(a.substr(6));
+    else if (a == "--plan")
+      o.plan = true;
+    else if (a == "--bench")
+      o.bench = true;
+    else if (a == "--world")
+      o.world = parse_count(a, value());
+    else if (a == "--ranks-per-node")
+      o.ranks_per_node = parse_count(a, value());
+    else if (a == "--help" || a == "-h")
+      o.help = true;
+    else if (a == "--help-deck")
+      o.help_deck = true;
+    else if (a == "--version")
+      o.version = true;
+    else if (!a.empty() && a[0] == '-')
+      throw Error(cat("ptrain: unknown option '", a, "'\n", kUsage), kExitInput);
+    else if (o.deck.empty())
+      o.deck = a;
+    else
+      throw Error(cat("ptrain: more than one deck given ('", o.deck, "' and '", a, "')"),
+                  kExitInput);
+  }
+  if (o.help || o.help_deck || o.version) return o;
+  if (o.deck.empty()) throw Error(cat("ptrain: no deck given\n", kUsage), kExitInput);
+  if ((o.world || o.ranks_per_node) && !o.plan)
+    throw Error("ptrain: --world and --ranks-per-node go with --plan", kExitInput);
+  return o;
+}
+
+// `ptrain --plan`: with --world, plan for a machine we are not on (login node);
+// otherwise for this job's ranks and their real node map.
+int run_plan(const Options& o, int world_rank, int world_size) {
+  if (o.world > 0) {
+    if (world_rank != 0) return kExitOk;  // a pure computation: rank 0 alone does it
+    Config config = deck::parse_file(o.deck, o.overrides);
+    deck::validate(config, o.world);
+    Layout layout(GridShape::from_config(config), o.world, o.ranks_per_node ? o.ranks_per_node : 1);
+    layout.check_topology(config.parallel.strict_topology);
+    std::fputs(parallel::plan_report(config, layout).c_str(), stdout);
+    return kExitOk;
+  }
+  Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
+  Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
+  log::info(parallel::plan_report(config, grid.layout()));
+  return kExitOk;
+}
+
+// mkdir -p on rank 0.
+void make_dirs(const std::string& path) {
+  std::string partial;
+  for (std::size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
+        throw Error(cat("cannot create folder '", partial, "': ", std::strerror(errno)));
+    }
+    if (i < path.size()) partial += path[i];
+  }
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "-";
+  const long t = long(s + 0.5);
+  if (t >= 3600) return cat(t / 3600, "h", (t % 3600) / 60 < 10 ? "0" : "", (t % 3600) / 60, "m");
+  if (t >= 60) return cat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
+  return cat(t, "s");
+}
+
+std::string fixed(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+// The BLAS threads of this rank: backend%blas_threads, or the node's cores shared among
+// the ranks on it (never more threads than cores: no oversubscribed busy-waiting pools).
+int blas_threads_for(const Config& config, const Grid& grid) {
+  if (config.backend.blas_threads > 0) return int(config.backend.blas_threads);
+  int ranks_here = 0;
+  MPI_Comm_size(grid.node_comm(), &ranks_here);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_here));
+}
+
+// One log line per log_every steps on rank 0, and every step in out_dir/log.csv.
+class RunLog {
+ public:
+  RunLog(const Config& config, double peak_gflops_per_rank, int world)
+      : config_(config),
+        peak_(peak_gflops_per_rank * world),
+        flops_per_token_(model::flops_per_token(config)) {
+    if (log::rank() != 0) return;
+    csv_.open(config.run.out_dir + "/log.csv");
+    if (!csv_) throw Error(cat("cannot write '", config.run.out_dir, "/log.csv'"));
+    csv_ << "step,loss,val_loss,lr,grad_norm,tokens_per_s,gflops,mfu,peak_mem_bytes,"
+            "t_step,t_forward,t_backward,t_optimizer,eta_s\n";
+  }
+
+  void step(const parallel::StepResult& r, double val_loss, double elapsed) {
+    const double tok_s = double(r.tokens) / r.t_step;
+    const double gflops = flops_per_token_ * double(r.tokens) / r.t_step / 1e9;
+    const double mfu = peak_ > 0 ? gflops / peak_ : 0;
+    const double eta = elapsed / double(r.step) * double(config_.run.steps - r.step);
+    const double mem = double(memory::stats().total_peak);
+    if (log::rank() != 0) return;
+    csv_ << r.step << ',' << fixed("%.9g", r.loss) << ','
+         << (std::isnan(val_loss) ? "" : fixed("%.9g", val_loss)) << ',' << fixed("%.6g", r.lr)
+         << ',' << fixed("%.6g", r.grad_norm) << ',' << fixed("%.1f", tok_s) << ','
+         << fixed("%.3f", gflops) << ',' << fixed("%.4f", mfu) << ',' << fixed("%.0f", mem) << ','
+         << fixed("%.6f", r.t_step) << ',' << fixed("%.6f", r.t_forward) << ','
+         << fixed("%.6f", r.t_backward) << ',' << fixed("%.6f", r.t_optimizer) << ','
+         << fixed("%.1f", eta) << '\n';
+    csv_.flush();
+    const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
+                       r.step == config_.run.steps || !std::isnan(val_loss);
+    if (!print) return;
+    log::info(cat("step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
+                  fixed("%.4f", r.loss),
+                  std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)),
+                  " | lr ", fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ",
+                  fixed("%.0f", tok_s), " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ",
+                  fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
+                  fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
+                  fixed("%.3f", r.t_optimizer), " s | ETA ", format_duration(eta)));
+  }
+
+ private:
+  const Config& config_;
+  double peak_, flops_per_token_;
+  std::ofstream csv_;
+};
+
+// --bench: seconds per step by kernel family, against the measured step time.
+std::string bench_report(double step_seconds, std::int64_t steps) {
+  if (steps == 0) return "bench: run at least 2 steps for a kernel breakdown";
+  std::string r = cat("bench: time per step by kernel family (mean of ", steps,
+                      " steps after the first, each region fenced)\n");
+  double sum = 0;
+  for (const auto& [name, t] : profile::totals()) {
+    const double per = t / double(steps);
+    sum += per;
+    r += cat("  ", name, std::string(name.size() < 14 ? 14 - name.size() : 0, ' '),
+             fixed("%9.4f s", per),
+             fixed("  %5.1f%%\n", 100 * per / step_seconds));
+  }
+  r += cat("  other         ", fixed("%9.4f s", step_seconds - sum),
+           fixed("  %5.1f%%", 100 * (step_seconds - sum) / step_seconds));
+  return r;
+}
+
+// Writes final.h5 / reads init_from: one holder per tensor writes (the rank with d = e = c = 0).
+ckpt::TensorPredicate one_holder(const Grid& grid) {
+  const bool first_replica =
+      grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0;
+  return [first_replica](const model::TensorSpec&) { return first_replica; };
+}
+
+template <class T>
+int train(const Config& config, const Grid& grid, bool bench) {
+  const int world = grid.world_size();
+  const int threads = blas_threads_for(config, grid);
+  kernels::set_blas_threads(threads);
+  double peak = config.backend.peak_gflops;
+  if (peak <= 0) {
+    peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3);
+    log::info(cat("peak: sgemm probe (1024x768x3072, ", threads, " BLAS thread(s) per rank) = ",
+                  fixed("%.1f", peak), " GFLOP/s per rank; MFU is measured against it"));
+  }
+
+  parallel::Trainer<T> trainer(config, grid);
+  auto& model = trainer.model();
+  log::info(cat("model: ", model::global_parameter_count(config), " parameters, ",
+                config.model.dtype, ", this rank holds ", model.layout().numel,
+                " in its flat buffer"));
+  log::info(cat("data: ", trainer.data().describe()));
+  if (auto floor = trainer.data().entropy_floor())
+    log::info(cat("data: entropy floor of the synthetic process = ", fixed("%.4f", *floor),
+                  " nats/token (the best achievable loss)"));
+
+  const auto chunks = std::vector<model::ChunkLayout>{model.layout()};
+  if (!config.model.init_from.empty()) {
+    ckpt::LoadReport report;
+    ckpt::load_weights<T>(config.model.init_from, MPI_COMM_WORLD, chunks, {model.params().data()},
+                          one_holder(grid), &report);
+    log::info(
+        cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
+  } else {
+    model.init_weights(std::uint64_t(config.run.seed));
+  }
+
+  RunLog runlog(config, peak, world);
+  std::int64_t profiled_steps = 0;
+  const double t0 = wall_seconds();
+  double last_val = std::nan(""), last_loss = std::nan("");
+  double tokens = 0, busy = 0;
+  for (std::int64_t s = 1; s <= config.run.steps; ++s) {
+    profile::enable(bench && s > 1);  // --bench: kernel breakdown, the first step excluded
+    profiled_steps += profile::enabled() ? 1 : 0;
+    const auto r = trainer.step(s);
+    profile::enable(false);
+    PTRAIN_REQUIRE(std::isfinite(r.loss), "step ", s, ": the loss is ", r.loss,
+                   " (diverged; lower train%lr or check the data)");
+    last_loss = r.loss;
+    double val = std::nan("");
+    const bool eval_now =
+        (config.run.eval_every > 0 && s % config.run.eval_every == 0) || s == config.run.steps;
+    if (eval_now && trainer.can_evaluate()) val = last_val = trainer.evaluate();
+    if (s > 1 || config.run.steps == 1) {  // step 1 pays for first-touch allocation
+      tokens += double(r.tokens);
+      busy += r.t_step;
+    }
+    runlog.step(r, val, wall_seconds() - t0);
+  }
+
+  if (config.checkpoint.save_final) {
+    const std::string path = config.run.out_dir + "/final.h5";
+    std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
+                                             {"deck", deck::echo(config)},
+                                             {"grid", grid.shape().str()},
+                                             {"step", std::to_string(config.run.steps)}};
+    const double w0 = wall_seconds();
+    ckpt::save_weights<T>(path, MPI_COMM_WORLD, chunks, {model.params().data()}, one_holder(grid),
+                          attrs);
+    log::info(cat("checkpoint: final weights written to ", path, " in ",
+                  fixed("%.2f", wall_seconds() - w0), " s"));
+  }
+
+  const double tok_s = busy > 0 ? tokens / busy : 0;
+  const double gflops = model::flops_per_token(config) * tok_s / 1e9;
+  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(wall_seconds() - t0),
+                "; final loss ", fixed("%.4f", last_loss),
+                std::isnan(last_val) ? std::string() : cat(", val loss ", fixed("%.4f", last_val)),
+                "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
+                " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
+                " of peak (steps after the first)"));
+  log::info(cat("memory: peak ", format_bytes(double(memory::stats().total_peak)), " on rank 0"));
+  if (bench) log::info(bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
+  return kExitOk;
+}
+
+int run(int argc, char** argv, int world_rank, int world_size) {
+  const Options o = parse_args(argc, argv);
+  if (o.help) {
+    log::info(kUsage);
+    return kExitOk;
+  }
+  if (o.version) {
+    log::info(cat("ptrain ", PTRAIN_VERSION));
+    return kExitOk;
+  }
+  if (o.help_deck) {
+    log::info(deck::help_deck());
+    return kExitOk;
+  }
+  if (o.plan) return run_plan(o, world_rank, world_size);
+
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
+  Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
+  log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,
+                " on ", world_size, " rank(s)"));
+  log::info(grid.describe());
+  const model::Dims dims = model::dims_of(config);
+  if (dims.Vpad != dims.V)
+    log::info(cat("model: vocab ", dims.V, " padded to ", dims.Vpad, " (a multiple of tp = ",
+                  config.parallel.tp, "); padded rows never win the softmax"));
+  if (world_rank == 0) {
+    make_dirs(config.run.out_dir);
+    const std::string echo = deck::echo(config);
+    std::ofstream(config.run.out_dir + "/deck.nml") << echo;
+    log::info("resolved deck (also in " + config.run.out_dir + "/deck.nml):\n" + echo);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  parallel::check_supported(config, world_size);
+  if (config.model.dtype == "fp64") return train<double>(config, grid, o.bench);
+  if (config.model.dtype == "fp32") return train<float>(config, grid, o.bench);
+  throw Error(cat("model%dtype = '", config.model.dtype,
+                  "' needs the CUDA backend, which is not built yet"),
+              kExitInput);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  std::printf("ptrain %s\n", PTRAIN_VERSION);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  log::set_rank(rank);
+  int code = kExitOk;
+  try {
+    code = run(argc, argv, rank, size);
+  } catch (const Error& e) {
+    // Input errors (deck, arguments) are raised on every rank alike: report once, exit.
+    if (e.exit_code() == kExitInput) {
+      if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
+      MPI_Finalize();
+      return kExitInput;
+    }
+    log::error_any_rank(e.what());
+    MPI_Abort(MPI_COMM_WORLD, e.exit_code());
+  } catch (const std::exception& e) {
+    log::error_any_rank(cat("internal error: ", e.what()));
+    MPI_Abort(MPI_COMM_WORLD, kExitRuntime);
+  }
   MPI_Finalize();
-  return 0;
+  return code;
 }
