@@ -4,6 +4,8 @@
 // function of (tensor, global index); the file's shapes and checksums read independently
 // with plain HDF5 and h5dump; and every refused file refused alike on all ranks.
 #include <gtest/gtest.h>
+
+#include "test_support.hpp"
 #include <hdf5.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -27,18 +29,11 @@ using model::Shape;
 using model::Slab;
 using model::TensorSpec;
 
+using ptrain::test::world_rank;
+using ptrain::test::world_size;
+
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // A folder under /tmp made by rank 0 for one test, removed at its end.
 class TempDir {

@@ -1,6 +1,8 @@
 // ptrain-test: np=1,2 labels=quick timeout=120
 // Data module: the counter-based rng, layout-invariant sampling, the three sources, errors.
 #include <gtest/gtest.h>
+
+#include "test_support.hpp"
 #include <mpi.h>
 #include <unistd.h>
 
@@ -23,18 +25,11 @@
 using namespace ptrain;
 using namespace ptrain::data;
 
+using ptrain::test::world_rank;
+using ptrain::test::world_size;
+
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // A file under /tmp private to this rank and process, removed at scope exit.
 class TempFile {

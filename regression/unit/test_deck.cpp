@@ -2,6 +2,8 @@
 // The deck: namelist grammar, errors with file:line:col, --set overrides, cross-field
 // validation, the echo round trip, and the MPI load (same Config or same error everywhere).
 #include <gtest/gtest.h>
+
+#include "test_support.hpp"
 #include <mpi.h>
 
 #include <cmath>
@@ -17,6 +19,9 @@
 #include "util/error.hpp"
 
 using namespace ptrain;
+
+using ptrain::test::world_rank;
+using ptrain::test::world_size;
 
 namespace {
 
@@ -41,16 +46,6 @@ std::string set_error(const std::vector<std::string>& overrides) {
 
 bool bits_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 std::string bcast_string(std::string s) {
   long long n = static_cast<long long>(s.size());

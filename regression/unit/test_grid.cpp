@@ -4,6 +4,8 @@
 // Cartesian communicator, what every group communicator actually gathers, and processor names
 // for the node map.
 #include <gtest/gtest.h>
+
+#include "test_support.hpp"
 #include <mpi.h>
 
 #include <algorithm>
@@ -17,6 +19,9 @@
 
 using namespace ptrain;
 
+using ptrain::test::world_rank;
+using ptrain::test::world_size;
+
 namespace {
 
 constexpr Axis kAllAxes[kNumAxes] = {Axis::t, Axis::c, Axis::e, Axis::d, Axis::p};
@@ -26,16 +31,6 @@ constexpr GroupKind kAllGroups[kNumGroupKinds] = {
 
 int ix(Axis a) { return static_cast<int>(a); }
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // Every 5-tuple of sizes >= 1 whose product is `world`.
 std::vector<Coords> shapes_of(int world) {

@@ -17,85 +17,14 @@
 #include "kernels/gemm.hpp"
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
+#include "test_support.hpp"
 
 using namespace ptrain;
 using namespace ptrain::kernels;
+using namespace ptrain::test;
 
 namespace {
 
-using HVec = std::vector<double>;
-
-HVec random_vec(std::size_t n, unsigned seed, double lo = -1, double hi = 1) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  HVec v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-template <class T>
-Kokkos::View<T*> dev(const HVec& h) {
-  Kokkos::View<T*> v("dev", h.size());
-  auto m = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < h.size(); ++i) m(i) = T(h[i]);
-  Kokkos::deep_copy(v, m);
-  return v;
-}
-
-template <class T>
-HVec host(const Kokkos::View<T*>& v) {
-  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  HVec h(v.extent(0));
-  for (std::size_t i = 0; i < h.size(); ++i) h[i] = double(m(i));
-  return h;
-}
-
-Kokkos::View<int*> dev_ints(const std::vector<int>& h) {
-  Kokkos::View<int*> v("ints", h.size());
-  auto m = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < h.size(); ++i) m(i) = h[i];
-  Kokkos::deep_copy(v, m);
-  return v;
-}
-
-double dot(const HVec& a, const HVec& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-HVec minus(const HVec& a, const HVec& b) {
-  HVec d(a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
-  return d;
-}
-
-// |a - b| / max(|a|, |b|, tiny), norms over the whole vector.
-double rel_err(const HVec& a, const HVec& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, na = 0, nb = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    na += a[i] * a[i];
-    nb += b[i] * b[i];
-  }
-  return std::sqrt(num) / std::max({std::sqrt(na), std::sqrt(nb), 1e-300});
-}
-
-// Central differences of f with respect to every element of x.
-HVec fd_grad(HVec x, const std::function<double(const HVec&)>& f, double h = 1e-5) {
-  HVec g(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + h;
-    const double fp = f(x);
-    x[i] = x0 - h;
-    const double fm = f(x);
-    x[i] = x0;
-    g[i] = (fp - fm) / (2 * h);
-  }
-  return g;
-}
 
 constexpr double kFdTol = 1e-6;
 

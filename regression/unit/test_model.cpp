@@ -10,6 +10,7 @@
 #include "data/data.hpp"
 #include "deck/deck.hpp"
 #include "model/gpt.hpp"
+#include "test_support.hpp"
 
 using namespace ptrain;
 
@@ -40,21 +41,6 @@ Batch batch_of(const Config& c, int B, std::int64_t step = 1) {
   return b;
 }
 
-template <class T>
-std::vector<double> to_vector(const Kokkos::View<T*>& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<double>(h.data(), h.data() + h.extent(0));
-}
-
-double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += std::max(a[i] * a[i], b[i] * b[i]);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 }  // namespace
 
 TEST(Model, BackwardMatchesFiniteDifferencesFp64) {
@@ -69,7 +55,7 @@ TEST(Model, BackwardMatchesFiniteDifferencesFp64) {
   gpt.zero_grads();
   gpt.forward(b.x.data(), b.y.data(), 2);
   gpt.backward(scale);
-  const auto analytic = to_vector(gpt.grads());
+  const auto analytic = test::host(gpt.grads());
 
   std::vector<double> numeric(analytic.size());
   const double h = 1e-5;
@@ -83,12 +69,12 @@ TEST(Model, BackwardMatchesFiniteDifferencesFp64) {
     p(i) = keep;
     numeric[i] = (up - down) / (2 * h);
   }
-  EXPECT_LT(rel_error(analytic, numeric), 1e-6);
+  EXPECT_LT(test::rel_err(analytic, numeric), 1e-6);
   // Every tensor separately, so a small tensor's error is not hidden by a large one.
   for (const auto& t : gpt.layout().tensors) {
     std::vector<double> a(analytic.begin() + t.offset, analytic.begin() + t.offset + t.numel);
     std::vector<double> n(numeric.begin() + t.offset, numeric.begin() + t.offset + t.numel);
-    EXPECT_LT(rel_error(a, n), 1e-6) << t.name;
+    EXPECT_LT(test::rel_err(a, n), 1e-6) << t.name;
   }
   EXPECT_GT(
       std::abs(analytic[std::size_t(wte.offset)]) + std::abs(analytic[std::size_t(wte.offset + 1)]),
@@ -102,7 +88,7 @@ TEST(Model, Fp32AgreesWithFp64) {
   model::GPT<float> g32(c32, {}, 2);
   g64.init_weights(3);
   g32.init_weights(3);
-  EXPECT_LT(rel_error(to_vector(g64.params()), to_vector(g32.params())), 1e-7);
+  EXPECT_LT(test::rel_err(test::host(g64.params()), test::host(g32.params())), 1e-7);
   const Batch b = batch_of(c64, 2);
   g64.zero_grads();
   g32.zero_grads();
@@ -111,7 +97,7 @@ TEST(Model, Fp32AgreesWithFp64) {
   EXPECT_NEAR(l32, l64, 1e-5 * std::abs(l64));
   g64.backward(0.1);
   g32.backward(0.1f);
-  EXPECT_LT(rel_error(to_vector(g64.grads()), to_vector(g32.grads())), 1e-4);
+  EXPECT_LT(test::rel_err(test::host(g64.grads()), test::host(g32.grads())), 1e-4);
 }
 
 TEST(Model, InitIsGpt2) {
@@ -120,7 +106,7 @@ TEST(Model, InitIsGpt2) {
   model::GPT<double> gpt(c, {}, 1);
   gpt.init_weights(1);
   auto stddev = [&](const std::string& name) {
-    auto v = to_vector(gpt.param(name));
+    auto v = test::host(gpt.param(name));
     double s = 0;
     for (double x : v) s += x * x;
     return std::sqrt(s / double(v.size()));
@@ -128,9 +114,9 @@ TEST(Model, InitIsGpt2) {
   EXPECT_NEAR(stddev("wte.weight"), 0.02, 0.001);
   EXPECT_NEAR(stddev("h.0.mlp.fc.weight"), 0.02, 0.001);
   EXPECT_NEAR(stddev("h.3.attn.proj.weight"), 0.02 / 4.0, 0.0003);  // 1/sqrt(2*8)
-  for (double x : to_vector(gpt.param("h.1.attn.qkv.bias"))) EXPECT_EQ(x, 0.0);
-  for (double x : to_vector(gpt.param("h.1.ln_2.weight"))) EXPECT_EQ(x, 1.0);
-  for (double x : to_vector(gpt.param("ln_f.bias"))) EXPECT_EQ(x, 0.0);
+  for (double x : test::host(gpt.param("h.1.attn.qkv.bias"))) EXPECT_EQ(x, 0.0);
+  for (double x : test::host(gpt.param("h.1.ln_2.weight"))) EXPECT_EQ(x, 1.0);
+  for (double x : test::host(gpt.param("ln_f.bias"))) EXPECT_EQ(x, 0.0);
 }
 
 TEST(Model, MicroBatchesAccumulateToTheFullBatchGradient) {
@@ -151,5 +137,5 @@ TEST(Model, MicroBatchesAccumulateToTheFullBatchGradient) {
     parts.backward(dloss);
   }
   EXPECT_NEAR(lp, lw, 1e-12 * lw);
-  EXPECT_LT(rel_error(to_vector(whole.grads()), to_vector(parts.grads())), 1e-12);
+  EXPECT_LT(test::rel_err(test::host(whole.grads()), test::host(parts.grads())), 1e-12);
 }
