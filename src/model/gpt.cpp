@@ -39,6 +39,32 @@ struct Carver {
   }
 };
 
+// The activations one block keeps for its backward (model/layout.hpp activation_sizes):
+// x_out = x + attn(LN1(x)) = res2, then res3 = res2 + mlp(LN2(res2)).
+template <class T>
+struct BlockActs {
+  K::Vec<T> ln1, ln1_mean, ln1_rstd;  // (BT, C), (BT), (BT)
+  K::Vec<T> qkv, atty, lse;           // (BT, 3Cl), (BT, Cl), (B, NHl, T)
+  K::Vec<T> res2;                     // (BT, C)
+  K::Vec<T> ln2, ln2_mean, ln2_rstd;  // (BT, C), (BT), (BT)
+  K::Vec<T> fch, fch_gelu;            // (BT, Fl) each
+  K::Vec<T> res3;                     // (BT, C)
+};
+
+template <class T>
+BlockActs<T> carve_block(const K::Vec<T>& layer, std::int64_t BT, std::int64_t C, std::int64_t Cl,
+                         std::int64_t NH, std::int64_t Fl) {
+  Carver<T> a{layer};
+  BlockActs<T> b;
+  b.ln1 = a.take(BT * C), b.ln1_mean = a.take(BT), b.ln1_rstd = a.take(BT);
+  b.qkv = a.take(BT * 3 * Cl), b.atty = a.take(BT * Cl), b.lse = a.take(BT * NH);
+  b.res2 = a.take(BT * C);
+  b.ln2 = a.take(BT * C), b.ln2_mean = a.take(BT), b.ln2_rstd = a.take(BT);
+  b.fch = a.take(BT * Fl), b.fch_gelu = a.take(BT * Fl);
+  b.res3 = a.take(BT * C);
+  return b;
+}
+
 }  // namespace
 
 // One block's tensors (parameters or gradients).
@@ -176,33 +202,32 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
   for (int l = 0; l < layout_.n_layers; ++l) {
     const int layer = int(layout_.first_layer) + l;
     const Block w = block_views(params_, layer);
-    Carver<T> a{slice(acts_.view(), act.per_layer * l, act.per_layer)};
-    auto ln1 = a.take(std::int64_t(BT) * C), ln1_mean = a.take(BT), ln1_rstd = a.take(BT);
-    auto qkv = a.take(std::int64_t(BT) * 3 * Cl), atty = a.take(std::int64_t(BT) * Cl);
-    auto lse = a.take(std::int64_t(BT) * NH), res2 = a.take(std::int64_t(BT) * C);
-    auto ln2 = a.take(std::int64_t(BT) * C), ln2_mean = a.take(BT), ln2_rstd = a.take(BT);
-    auto fch = a.take(std::int64_t(BT) * Fl), fch_gelu = a.take(std::int64_t(BT) * Fl);
-    auto res3 = a.take(std::int64_t(BT) * C);
-    // ln1 = LN(x); qkv = ln1 W_qkv^T + b; atty = attention(qkv); res2 = x + atty W_proj^T + b
+    const BlockActs<T> a =
+        carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
+    // a.ln1 = LN(x); a.qkv = a.ln1 W_qkv^T + b; a.atty = attention(a.qkv); a.res2 = x + a.atty
+    // W_proj^T + b
     profile::region("layernorm", [&] {
-      K::layernorm_forward<T>(ln1, ln1_mean, ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C);
+      K::layernorm_forward<T>(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C);
     });
     profile::region("matmul",
-                    [&] { K::matmul_forward<T>(qkv, ln1, w.qkv_w, w.qkv_b, BT, C, 3 * Cl); });
-    profile::region("attention", [&] { K::attention_forward<T>(atty, lse, qkv, B, S, NH, HS); });
+                    [&] { K::matmul_forward<T>(a.qkv, a.ln1, w.qkv_w, w.qkv_b, BT, C, 3 * Cl); });
+    profile::region("attention",
+                    [&] { K::attention_forward<T>(a.atty, a.lse, a.qkv, B, S, NH, HS); });
     profile::region("matmul",
-                    [&] { K::matmul_forward<T>(res2, atty, w.proj_w, w.proj_b, BT, Cl, C); });
-    profile::region("residual", [&] { K::axpy<T>(res2, T(1), x); });
-    // ln2 = LN(res2); fch = ln2 W_fc^T + b; res3 = res2 + gelu(fch) W_proj^T + b
+                    [&] { K::matmul_forward<T>(a.res2, a.atty, w.proj_w, w.proj_b, BT, Cl, C); });
+    profile::region("residual", [&] { K::axpy<T>(a.res2, T(1), x); });
+    // a.ln2 = LN(a.res2); a.fch = a.ln2 W_fc^T + b; a.res3 = a.res2 + gelu(a.fch) W_proj^T + b
     profile::region("layernorm", [&] {
-      K::layernorm_forward<T>(ln2, ln2_mean, ln2_rstd, res2, w.ln2_w, w.ln2_b, BT, C);
+      K::layernorm_forward<T>(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, BT, C);
     });
-    profile::region("matmul", [&] { K::matmul_forward<T>(fch, ln2, w.fc_w, w.fc_b, BT, C, Fl); });
-    profile::region("gelu", [&] { K::gelu_forward<T>(fch_gelu, fch, std::size_t(BT) * Fl); });
-    profile::region(
-        "matmul", [&] { K::matmul_forward<T>(res3, fch_gelu, w.fcproj_w, w.fcproj_b, BT, Fl, C); });
-    profile::region("residual", [&] { K::axpy<T>(res3, T(1), res2); });
-    x = res3;
+    profile::region("matmul",
+                    [&] { K::matmul_forward<T>(a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, Fl); });
+    profile::region("gelu", [&] { K::gelu_forward<T>(a.fch_gelu, a.fch, std::size_t(BT) * Fl); });
+    profile::region("matmul", [&] {
+      K::matmul_forward<T>(a.res3, a.fch_gelu, w.fcproj_w, w.fcproj_b, BT, Fl, C);
+    });
+    profile::region("residual", [&] { K::axpy<T>(a.res3, T(1), a.res2); });
+    x = a.res3;
   }
 
   // Head: lnf = LN(x); logits = lnf wte^T (the tied embedding); per-token cross-entropy.
@@ -279,41 +304,38 @@ void GPT<T>::backward(T dloss) {
   for (int l = int(layout_.n_layers) - 1; l >= 0; --l) {
     const int layer = int(layout_.first_layer) + l;
     const Block w = block_views(params_, layer), g = block_views(grads_, layer);
-    Carver<T> a{slice(acts_.view(), act.per_layer * l, act.per_layer)};
-    auto ln1 = a.take(std::int64_t(BT) * C), ln1_mean = a.take(BT), ln1_rstd = a.take(BT);
-    auto qkv = a.take(std::int64_t(BT) * 3 * Cl), atty = a.take(std::int64_t(BT) * Cl);
-    auto lse = a.take(std::int64_t(BT) * NH), res2 = a.take(std::int64_t(BT) * C);
-    auto ln2 = a.take(std::int64_t(BT) * C), ln2_mean = a.take(BT), ln2_rstd = a.take(BT);
-    auto fch = a.take(std::int64_t(BT) * Fl), fch_gelu = a.take(std::int64_t(BT) * Fl);
-    // dres holds d(res3). MLP branch, then d(res2) = d(res3) + LN2'(...).
+    const BlockActs<T> a =
+        carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
+    // dres holds d(a.res3). MLP branch, then d(a.res2) = d(a.res3) + LN2'(...).
     profile::region("zero-fill", [&] { K::fill(dgelu, T(0)); });
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(dgelu, g.fcproj_w, g.fcproj_b, dres, fch_gelu, w.fcproj_w, BT, Fl, C);
+      K::matmul_backward<T>(dgelu, g.fcproj_w, g.fcproj_b, dres, a.fch_gelu, w.fcproj_w, BT, Fl, C);
     });
     profile::region("zero-fill", [&] { K::fill(dfch, T(0)); });
-    profile::region("gelu", [&] { K::gelu_backward<T>(dfch, fch, dgelu, std::size_t(BT) * Fl); });
+    profile::region("gelu", [&] { K::gelu_backward<T>(dfch, a.fch, dgelu, std::size_t(BT) * Fl); });
     profile::region("zero-fill", [&] { K::fill(dln, T(0)); });
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(dln, g.fc_w, g.fc_b, dfch, ln2, w.fc_w, BT, C, Fl);
+      K::matmul_backward<T>(dln, g.fc_w, g.fc_b, dfch, a.ln2, w.fc_w, BT, C, Fl);
     });
     profile::region("layernorm", [&] {
-      K::layernorm_backward<T>(dres, g.ln2_w, g.ln2_b, dln, res2, w.ln2_w, ln2_mean, ln2_rstd, BT,
-                               C);
+      K::layernorm_backward<T>(dres, g.ln2_w, g.ln2_b, dln, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd,
+                               BT, C);
     });
-    // Attention branch, then d(x) = d(res2) + LN1'(...).
+    // Attention branch, then d(x) = d(a.res2) + LN1'(...).
     profile::region("zero-fill", [&] { K::fill(datty, T(0)); });
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(datty, g.proj_w, g.proj_b, dres, atty, w.proj_w, BT, Cl, C);
+      K::matmul_backward<T>(datty, g.proj_w, g.proj_b, dres, a.atty, w.proj_w, BT, Cl, C);
     });
-    profile::region("attention",
-                    [&] { K::attention_backward<T>(dqkv, datty, atty, lse, qkv, B, S, NH, HS); });
+    profile::region("attention", [&] {
+      K::attention_backward<T>(dqkv, datty, a.atty, a.lse, a.qkv, B, S, NH, HS);
+    });
     profile::region("zero-fill", [&] { K::fill(dln, T(0)); });
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(dln, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w, BT, C, 3 * Cl);
+      K::matmul_backward<T>(dln, g.qkv_w, g.qkv_b, dqkv, a.ln1, w.qkv_w, BT, C, 3 * Cl);
     });
     profile::region("layernorm", [&] {
-      K::layernorm_backward<T>(dres, g.ln1_w, g.ln1_b, dln, block_input(l), w.ln1_w, ln1_mean,
-                               ln1_rstd, BT, C);
+      K::layernorm_backward<T>(dres, g.ln1_w, g.ln1_b, dln, block_input(l), w.ln1_w, a.ln1_mean,
+                               a.ln1_rstd, BT, C);
     });
   }
   profile::region("embedding", [&] {
