@@ -204,8 +204,7 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
     const Block w = block_views(params_, layer);
     const BlockActs<T> a =
         carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
-    // a.ln1 = LN(x); a.qkv = a.ln1 W_qkv^T + b; a.atty = attention(a.qkv); a.res2 = x + a.atty
-    // W_proj^T + b
+    // ln1 = LN(x); qkv = ln1 W_qkv^T + b; atty = attention(qkv); res2 = x + atty W_proj^T + b
     profile::region("layernorm", [&] {
       K::layernorm_forward<T>(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C);
     });
@@ -216,7 +215,7 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
     profile::region("matmul",
                     [&] { K::matmul_forward<T>(a.res2, a.atty, w.proj_w, w.proj_b, BT, Cl, C); });
     profile::region("residual", [&] { K::axpy<T>(a.res2, T(1), x); });
-    // a.ln2 = LN(a.res2); a.fch = a.ln2 W_fc^T + b; a.res3 = a.res2 + gelu(a.fch) W_proj^T + b
+    // ln2 = LN(res2); fch = ln2 W_fc^T + b; res3 = res2 + gelu(fch) W_proj^T + b
     profile::region("layernorm", [&] {
       K::layernorm_forward<T>(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, BT, C);
     });
@@ -306,7 +305,7 @@ void GPT<T>::backward(T dloss) {
     const Block w = block_views(params_, layer), g = block_views(grads_, layer);
     const BlockActs<T> a =
         carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
-    // dres holds d(a.res3). MLP branch, then d(a.res2) = d(a.res3) + LN2'(...).
+    // dres holds d(res3). MLP branch, then d(res2) = d(res3) + LN2'(...).
     profile::region("zero-fill", [&] { K::fill(dgelu, T(0)); });
     profile::region("matmul", [&] {
       K::matmul_backward<T>(dgelu, g.fcproj_w, g.fcproj_b, dres, a.fch_gelu, w.fcproj_w, BT, Fl, C);
@@ -321,7 +320,7 @@ void GPT<T>::backward(T dloss) {
       K::layernorm_backward<T>(dres, g.ln2_w, g.ln2_b, dln, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd,
                                BT, C);
     });
-    // Attention branch, then d(x) = d(a.res2) + LN1'(...).
+    // Attention branch, then d(x) = d(res2) + LN1'(...).
     profile::region("zero-fill", [&] { K::fill(datty, T(0)); });
     profile::region("matmul", [&] {
       K::matmul_backward<T>(datty, g.proj_w, g.proj_b, dres, a.atty, w.proj_w, BT, Cl, C);
