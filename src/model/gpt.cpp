@@ -75,7 +75,28 @@ struct GPT<T>::Block {
 };
 
 template <class T>
-GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch)
+ResidentStore<T>::ResidentStore(const ChunkLayout& layout, std::int64_t numel)
+    : units_(units_of(layout)),
+      params_(MemCategory::params, "ptrain::params", std::size_t(numel)),
+      grads_(MemCategory::grads, "ptrain::grads", std::size_t(numel)) {
+  PTRAIN_REQUIRE(numel >= layout.numel, "model: resident buffers of ", numel,
+                 " elements cannot hold the chunk's ", layout.numel);
+}
+
+template <class T>
+K::Vec<T> ResidentStore<T>::params(int unit) {
+  const Unit& u = units_.at(std::size_t(unit));
+  return slice(params_.view(), u.lo, u.hi - u.lo);
+}
+
+template <class T>
+K::Vec<T> ResidentStore<T>::grads(int unit) {
+  const Unit& u = units_.at(std::size_t(unit));
+  return slice(grads_.view(), u.lo, u.hi - u.lo);
+}
+
+template <class T>
+GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch, ParamStore<T>* store)
     : config_(config), dims_(dims_of(config)), coord_(coord), micro_batch_(micro_batch) {
   // Only the pieces this version implements; everything else says so instead of guessing.
   PTRAIN_REQUIRE(coord.T == 1,
@@ -86,12 +107,19 @@ GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch)
                  "model: mixture-of-experts layers (model%n_expert > 0) are not implemented yet");
   PTRAIN_REQUIRE(config.parallel.cp == 1,
                  "model: context parallelism (parallel%cp > 1) is not implemented yet");
-  auto chunks = build_layout(config, coord);
-  layout_ = chunks.at(0);
-  const std::string prec = sizeof(T) == 8 ? "fp64" : "fp32";
-  params_ =
-      TrackedView<T>(MemCategory::params, "ptrain::params." + prec, std::size_t(layout_.numel));
-  grads_ = TrackedView<T>(MemCategory::grads, "ptrain::grads." + prec, std::size_t(layout_.numel));
+  layout_ = build_layout(config, coord).at(0);
+  units_ = units_of(layout_);
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    if (units_[i].kind == Unit::embedding) u_emb_ = int(i);
+    if (units_[i].kind == Unit::block && u_block0_ < 0) u_block0_ = int(i);
+    if (units_[i].kind == Unit::head) u_head_ = int(i);
+  }
+  if (store) {
+    store_ = store;
+  } else {
+    own_store_ = std::make_unique<ResidentStore<T>>(layout_, layout_.numel);
+    store_ = own_store_.get();
+  }
   const auto act = activation_sizes(dims_, coord, micro_batch, dims_.S, layout_.has_head);
   acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
                          std::size_t(act.kept(layout_.n_layers)));
@@ -102,24 +130,41 @@ GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch)
 }
 
 template <class T>
-K::Vec<T> GPT<T>::view_of(const TrackedView<T>& buffer, const std::string& name) const {
-  const auto& t = layout_.find(name);
-  return slice(buffer.view(), t.offset, t.numel);
+ResidentStore<T>& GPT<T>::resident() const {
+  auto* r = dynamic_cast<ResidentStore<T>*>(store_);
+  PTRAIN_REQUIRE(r, "model: the parameters are sharded (ZeRO 2/3); no whole buffer on this rank");
+  return *r;
 }
 
 template <class T>
+K::Vec<T> GPT<T>::params() const {
+  return slice(resident().all_params(), 0, layout_.numel);
+}
+template <class T>
+K::Vec<T> GPT<T>::grads() const {
+  return slice(resident().all_grads(), 0, layout_.numel);
+}
+template <class T>
 K::Vec<T> GPT<T>::param(const std::string& name) const {
-  return view_of(params_, name);
+  const auto& t = layout_.find(name);
+  return slice(resident().all_params(), t.offset, t.numel);
 }
 template <class T>
 K::Vec<T> GPT<T>::grad(const std::string& name) const {
-  return view_of(grads_, name);
+  const auto& t = layout_.find(name);
+  return slice(resident().all_grads(), t.offset, t.numel);
 }
 
 template <class T>
-typename GPT<T>::Block GPT<T>::block_views(const TrackedView<T>& buf, int layer) const {
-  const std::string h = cat("h.", layer, ".");
-  auto v = [&](const char* n) { return view_of(buf, h + n); };
+K::Vec<T> GPT<T>::tensor(const K::Vec<T>& unit_view, int unit, const std::string& name) const {
+  const auto& t = layout_.find(name);
+  return slice(unit_view, t.offset - units_[std::size_t(unit)].lo, t.numel);
+}
+
+template <class T>
+typename GPT<T>::Block GPT<T>::block_views(const K::Vec<T>& unit_view, int unit) const {
+  const std::string h = cat("h.", units_[std::size_t(unit)].layer, ".");
+  auto v = [&](const char* n) { return tensor(unit_view, unit, h + n); };
   return Block{v("ln_1.weight"),   v("ln_1.bias"),        v("attn.qkv.weight"),
                v("attn.qkv.bias"), v("attn.proj.weight"), v("attn.proj.bias"),
                v("ln_2.weight"),   v("ln_2.bias"),        v("mlp.fc.weight"),
@@ -128,12 +173,24 @@ typename GPT<T>::Block GPT<T>::block_views(const TrackedView<T>& buf, int layer)
 
 template <class T>
 void GPT<T>::init_weights(std::uint64_t seed) {
+  init_range(seed, params(), 0);
+}
+
+template <class T>
+void GPT<T>::init_range(std::uint64_t seed, K::Vec<T> out, std::int64_t lo) const {
+  const std::int64_t hi = lo + std::int64_t(out.extent(0));
   const double std_matrix = 0.02, std_residual = 0.02 / std::sqrt(2.0 * double(dims_.L));
+  K::fill(out, T(0));  // padding (vocabulary rows, flat-buffer tail) stays zero
   for (const auto& t : layout_.tensors) {
-    auto p = slice(params_.view(), t.offset, t.numel);
-    const bool is_gain = t.kind == TensorKind::norm && t.name.size() > 7 &&
-                         t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
+    // The part of this tensor inside [lo, hi), as local element indices [k0, k1).
+    const std::int64_t k0 = std::max<std::int64_t>(0, lo - t.offset);
+    const std::int64_t k1 = std::min<std::int64_t>(t.numel, hi - t.offset);
+    if (k0 >= k1) continue;
+    const std::int64_t shift = t.offset - lo;  // out index of local element k: k + shift
+    auto p = slice(out, k0 + shift, k1 - k0);
     if (t.kind == TensorKind::bias || t.kind == TensorKind::norm) {
+      const bool is_gain = t.kind == TensorKind::norm && t.name.size() > 7 &&
+                           t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
       K::fill(p, T(is_gain ? 1 : 0));
       continue;
     }
@@ -141,9 +198,8 @@ void GPT<T>::init_weights(std::uint64_t seed) {
                           t.name.find("mlp.proj.weight") != std::string::npos;
     const double stddev = residual ? std_residual : std_matrix;
     const std::uint64_t stream = name_stream(t.name);
-    K::fill(p, T(0));  // padded vocabulary rows stay zero
     // Each slab: local element k -> multi-index in the slab -> global flat index.
-    std::int64_t local = 0;
+    std::int64_t base = 0;
     for (const auto& s : t.slabs) {
       const int rank = int(t.global_shape.size());
       std::int64_t start[3] = {0, 0, 0}, count[3] = {1, 1, 1}, gshape[3] = {1, 1, 1};
@@ -152,16 +208,22 @@ void GPT<T>::init_weights(std::uint64_t seed) {
         count[3 - rank + d] = s.count[d];
         gshape[3 - rank + d] = t.global_shape[d];
       }
-      const std::int64_t n = s.numel(), base = local;
-      Kokkos::parallel_for(
-          "ptrain::init_normal", Kokkos::RangePolicy<>(0, n), KOKKOS_LAMBDA(const std::int64_t k) {
-            const std::int64_t i2 = k % count[2], i1 = (k / count[2]) % count[1],
-                               i0 = k / (count[2] * count[1]);
-            const std::int64_t g =
-                ((start[0] + i0) * gshape[1] + (start[1] + i1)) * gshape[2] + (start[2] + i2);
-            p(base + k) = T(stddev * rng::normal(seed, stream, std::uint64_t(g)));
-          });
-      local += n;
+      const std::int64_t b0 = std::max(base, k0), b1 = std::min(base + s.numel(), k1);
+      if (b0 < b1) {
+        const std::int64_t slab0 = base;
+        K::Vec<T> dst = out;
+        Kokkos::parallel_for(
+            "ptrain::init_normal", Kokkos::RangePolicy<>(b0, b1),
+            KOKKOS_LAMBDA(const std::int64_t k) {
+              const std::int64_t j = k - slab0;  // index within the slab
+              const std::int64_t i2 = j % count[2], i1 = (j / count[2]) % count[1],
+                                 i0 = j / (count[2] * count[1]);
+              const std::int64_t g =
+                  ((start[0] + i0) * gshape[1] + (start[1] + i1)) * gshape[2] + (start[2] + i2);
+              dst(k + shift) = T(stddev * rng::normal(seed, stream, std::uint64_t(g)));
+            });
+      }
+      base += s.numel();
     }
   }
   Kokkos::fence();
@@ -169,11 +231,12 @@ void GPT<T>::init_weights(std::uint64_t seed) {
 
 template <class T>
 void GPT<T>::zero_grads() {
-  profile::region("zero-fill", [&] { K::fill(grads_.view(), T(0)); });
+  profile::region("zero-fill", [&] { K::fill(resident().all_grads(), T(0)); });
 }
 
 template <class T>
-double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B) {
+double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B,
+                       bool for_backward) {
   PTRAIN_REQUIRE(B >= 1 && B <= micro_batch_, "model: micro-batch of ", B,
                  " samples exceeds the allocated ", micro_batch_);
   B_ = B;
@@ -194,14 +257,18 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
   // x: (B, S, C), the residual stream entering block 0.
   Carver<T> out{slice(acts_.view(), act.per_layer * layout_.n_layers, act.outside)};
   K::Vec<T> x = out.take(std::int64_t(BT) * C);
+  // The embedding unit stays available to the tied LM head and, when training, to the
+  // backward; every other unit is released as soon as it is used.
+  const K::Vec<T> emb = store_->params(u_emb_);
+  const K::Vec<T> wte = tensor(emb, u_emb_, "wte.weight");
   profile::region("embedding", [&] {
-    K::encoder_forward(x, tok, no_positions, K::CVec<T>(param("wte.weight")),
-                       K::CVec<T>(param("wpe.weight")), B, S, C, 0, Vl);
+    K::encoder_forward(x, tok, no_positions, K::CVec<T>(wte),
+                       K::CVec<T>(tensor(emb, u_emb_, "wpe.weight")), B, S, C, 0, Vl);
   });
 
   for (int l = 0; l < layout_.n_layers; ++l) {
-    const int layer = int(layout_.first_layer) + l;
-    const Block w = block_views(params_, layer);
+    const int unit = u_block0_ + l;
+    const Block w = block_views(store_->params(unit), unit);
     const BlockActs<T> a =
         carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
     // ln1 = LN(x); qkv = ln1 W_qkv^T + b; atty = attention(qkv); res2 = x + atty W_proj^T + b
@@ -227,19 +294,20 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
     });
     profile::region("residual", [&] { K::axpy<T>(a.res3, T(1), a.res2); });
     x = a.res3;
+    store_->release_params(unit);
   }
 
   // Head: lnf = LN(x); logits = lnf wte^T (the tied embedding); per-token cross-entropy.
   auto lnf = out.take(std::int64_t(BT) * C), lnf_mean = out.take(BT), lnf_rstd = out.take(BT);
   auto logits = out.take(std::int64_t(BT) * Vl), losses = out.take(BT);
   auto row_max = out.take(BT), sumexp = out.take(BT), target_logit = out.take(BT);
+  const K::Vec<T> head = store_->params(u_head_);
   profile::region("layernorm", [&] {
-    K::layernorm_forward<T>(lnf, lnf_mean, lnf_rstd, x, param("ln_f.weight"), param("ln_f.bias"),
-                            BT, C);
+    K::layernorm_forward<T>(lnf, lnf_mean, lnf_rstd, x, tensor(head, u_head_, "ln_f.weight"),
+                            tensor(head, u_head_, "ln_f.bias"), BT, C);
   });
-  profile::region("matmul", [&] {
-    K::matmul_forward<T>(logits, lnf, param("wte.weight"), K::CVec<T>(), BT, C, Vl);
-  });
+  profile::region("matmul",
+                  [&] { K::matmul_forward<T>(logits, lnf, wte, K::CVec<T>(), BT, C, Vl); });
   const K::VocabShard shard{0, Vl, int(dims_.V)};
   profile::region("crossentropy", [&] { K::crossentropy_row_max<T>(row_max, logits, BT, shard); });
   profile::region("crossentropy", [&] {
@@ -251,6 +319,8 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
   Kokkos::parallel_reduce(
       "ptrain::loss_sum", Kokkos::RangePolicy<>(0, BT),
       KOKKOS_LAMBDA(const int i, double& s) { s += double(losses(i)); }, sum);
+  store_->release_params(u_head_);
+  if (!for_backward) store_->release_params(u_emb_);
   last_loss_sum_ = sum;
   return sum;
 }
@@ -284,25 +354,33 @@ void GPT<T>::backward(T dloss) {
   };
 
   // Head: dlogits in place; dlnf = dlogits wte; dwte += dlogits^T lnf; dx = LN'(dlnf).
+  // The embedding unit is still held from the forward; its gradients complete only after
+  // the embedding backward, at the very end.
+  const K::Vec<T> emb = store_->params(u_emb_), demb = store_->grads(u_emb_);
+  const K::Vec<T> head = store_->params(u_head_), dhead = store_->grads(u_head_);
   const K::VocabShard shard{0, Vl, int(dims_.V)};
   profile::region("crossentropy", [&] {
     K::crossentropy_backward<T>(logits, row_max, sumexp, tgt, BT, shard, dloss);
   });
   profile::region("zero-fill", [&] { K::fill(dln, T(0)); });
   profile::region("matmul", [&] {
-    K::matmul_backward<T>(dln, grad("wte.weight"), K::Vec<T>(), logits, lnf, param("wte.weight"),
-                          BT, C, Vl);
+    K::matmul_backward<T>(dln, tensor(demb, u_emb_, "wte.weight"), K::Vec<T>(), logits, lnf,
+                          tensor(emb, u_emb_, "wte.weight"), BT, C, Vl);
   });
   profile::region("zero-fill", [&] { K::fill(dres, T(0)); });
   profile::region("layernorm", [&] {
-    K::layernorm_backward<T>(dres, grad("ln_f.weight"), grad("ln_f.bias"), dln,
-                             block_input(int(layout_.n_layers)), param("ln_f.weight"), lnf_mean,
-                             lnf_rstd, BT, C);
+    K::layernorm_backward<T>(dres, tensor(dhead, u_head_, "ln_f.weight"),
+                             tensor(dhead, u_head_, "ln_f.bias"), dln,
+                             block_input(int(layout_.n_layers)),
+                             tensor(head, u_head_, "ln_f.weight"), lnf_mean, lnf_rstd, BT, C);
   });
+  store_->release_params(u_head_);
+  store_->grads_done(u_head_);
 
   for (int l = int(layout_.n_layers) - 1; l >= 0; --l) {
-    const int layer = int(layout_.first_layer) + l;
-    const Block w = block_views(params_, layer), g = block_views(grads_, layer);
+    const int unit = u_block0_ + l;
+    const Block w = block_views(store_->params(unit), unit);
+    const Block g = block_views(store_->grads(unit), unit);
     const BlockActs<T> a =
         carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
     // dres holds d(res3). MLP branch, then d(res2) = d(res3) + LN2'(...).
@@ -336,13 +414,19 @@ void GPT<T>::backward(T dloss) {
       K::layernorm_backward<T>(dres, g.ln1_w, g.ln1_b, dln, block_input(l), w.ln1_w, a.ln1_mean,
                                a.ln1_rstd, BT, C);
     });
+    store_->release_params(unit);
+    store_->grads_done(unit);
   }
   profile::region("embedding", [&] {
-    K::encoder_backward<T>(grad("wte.weight"), grad("wpe.weight"), dres, tok, no_positions, B, S, C,
-                           0, Vl);
+    K::encoder_backward<T>(tensor(demb, u_emb_, "wte.weight"), tensor(demb, u_emb_, "wpe.weight"),
+                           dres, tok, no_positions, B, S, C, 0, Vl);
   });
+  store_->release_params(u_emb_);
+  store_->grads_done(u_emb_);
 }
 
+template class ResidentStore<float>;
+template class ResidentStore<double>;
 template class GPT<float>;
 template class GPT<double>;
 

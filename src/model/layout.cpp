@@ -212,3 +212,21 @@ ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_
 }
 
 }  // namespace ptrain::model
+
+namespace ptrain::model {
+
+std::vector<Unit> units_of(const ChunkLayout& chunk) {
+  std::vector<Unit> units;
+  for (const auto& t : chunk.tensors) {
+    const Unit::Kind kind = t.layer >= 0                                      ? Unit::block
+                            : (t.name == "wte.weight" && !t.tied_copy) || t.name == "wpe.weight"
+                                ? Unit::embedding
+                                : Unit::head;
+    if (units.empty() || units.back().kind != kind || units.back().layer != t.layer)
+      units.push_back(Unit{kind, t.layer, t.offset, t.offset});
+    units.back().hi = t.offset + t.numel;
+  }
+  return units;
+}
+
+}  // namespace ptrain::model

@@ -112,3 +112,18 @@ ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_
                                  bool has_head);
 
 }  // namespace ptrain::model
+
+namespace ptrain::model {
+
+// A unit is what the model touches at once: the embedding (wte, wpe), one block, or the
+// head (ln_f, and on a last pipeline stage its tied wte copy). Units are contiguous,
+// disjoint ranges of the chunk's flat buffer in forward order; ZeRO 3 gathers parameters
+// and ZeRO 2/3 reduce gradients one unit at a time.
+struct Unit {
+  enum Kind { embedding, block, head } kind;
+  int layer = -1;              // block index for Kind::block
+  std::int64_t lo = 0, hi = 0;  // flat range
+};
+std::vector<Unit> units_of(const ChunkLayout& chunk);
+
+}  // namespace ptrain::model
