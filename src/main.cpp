@@ -177,7 +177,8 @@ class RunLog {
     csv_.open(config.run.out_dir + "/log.csv");
     if (!csv_) throw Error(cat("cannot write '", config.run.out_dir, "/log.csv'"));
     csv_ << "step,loss,val_loss,lr,grad_norm,tokens_per_s,gflops,mfu,peak_mem_bytes,"
-            "t_step,t_forward,t_backward,t_optimizer,eta_s\n";
+            "t_step,t_forward,t_backward,t_optimizer,eta_s,"
+            "bytes_dense_grad,exposed_dense_grad_s,overlap_dense_grad\n";
   }
 
   void step(const parallel::StepResult& r, double val_loss, double elapsed) {
@@ -193,19 +194,25 @@ class RunLog {
          << fixed("%.3f", gflops) << ',' << fixed("%.4f", mfu) << ',' << fixed("%.0f", mem) << ','
          << fixed("%.6f", r.t_step) << ',' << fixed("%.6f", r.t_forward) << ','
          << fixed("%.6f", r.t_backward) << ',' << fixed("%.6f", r.t_optimizer) << ','
-         << fixed("%.1f", eta) << '\n';
+         << fixed("%.1f", eta) << ',' << fixed("%.0f", r.comm_bytes) << ','
+         << fixed("%.6f", r.comm_exposed) << ',' << fixed("%.4f", r.comm_overlap) << '\n';
     csv_.flush();
     const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
                        r.step == config_.run.steps || !std::isnan(val_loss);
     if (!print) return;
-    log::info(cat("step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
-                  fixed("%.4f", r.loss),
-                  std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)),
-                  " | lr ", fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ",
-                  fixed("%.0f", tok_s), " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ",
-                  fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
-                  fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
-                  fixed("%.3f", r.t_optimizer), " s | ETA ", format_duration(eta)));
+    log::info(cat(
+        "step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
+        fixed("%.4f", r.loss),
+        std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)), " | lr ",
+        fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ", fixed("%.0f", tok_s),
+        " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ", fixed("%.1f%%", 100 * mfu),
+        " | mem ", format_bytes(mem), " | fwd ", fixed("%.3f", r.t_forward), " bwd ",
+        fixed("%.3f", r.t_backward), " opt ", fixed("%.3f", r.t_optimizer), " s",
+        r.comm_bytes > 0
+            ? cat(" | dp comm ", format_bytes(r.comm_bytes), ", ", fixed("%.3f", r.comm_exposed),
+                  " s exposed, ", fixed("%.0f%%", 100 * r.comm_overlap), " overlapped")
+            : std::string(),
+        " | ETA ", format_duration(eta)));
   }
 
  private:
@@ -224,8 +231,7 @@ std::string bench_report(double step_seconds, std::int64_t steps) {
     const double per = t / double(steps);
     sum += per;
     r += cat("  ", name, std::string(name.size() < 14 ? 14 - name.size() : 0, ' '),
-             fixed("%9.4f s", per),
-             fixed("  %5.1f%%\n", 100 * per / step_seconds));
+             fixed("%9.4f s", per), fixed("  %5.1f%%\n", 100 * per / step_seconds));
   }
   r += cat("  other         ", fixed("%9.4f s", step_seconds - sum),
            fixed("  %5.1f%%", 100 * (step_seconds - sum) / step_seconds));
@@ -261,15 +267,20 @@ int train(const Config& config, const Grid& grid, bool bench) {
     log::info(cat("data: entropy floor of the synthetic process = ", fixed("%.4f", *floor),
                   " nats/token (the best achievable loss)"));
 
+  // Weights files hold the whole model; each rank reads it all and keeps its part (under
+  // ZeRO 3 its shard), and writes from a whole copy gathered over the data-parallel group.
   const auto chunks = std::vector<model::ChunkLayout>{model.layout()};
+  auto& dp = trainer.data_parallel();
   if (!config.model.init_from.empty()) {
     ckpt::LoadReport report;
-    ckpt::load_weights<T>(config.model.init_from, MPI_COMM_WORLD, chunks, {model.params().data()},
+    std::vector<T> whole(std::size_t(model.layout().numel));
+    ckpt::load_weights<T>(config.model.init_from, MPI_COMM_WORLD, chunks, {whole.data()},
                           one_holder(grid), &report);
+    dp.set_weights(whole.data());
     log::info(
         cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
   } else {
-    model.init_weights(std::uint64_t(config.run.seed));
+    dp.init_weights(model, std::uint64_t(config.run.seed));
   }
 
   RunLog runlog(config, peak, world);
@@ -303,8 +314,8 @@ int train(const Config& config, const Grid& grid, bool bench) {
                                              {"grid", grid.shape().str()},
                                              {"step", std::to_string(config.run.steps)}};
     const double w0 = wall_seconds();
-    ckpt::save_weights<T>(path, MPI_COMM_WORLD, chunks, {model.params().data()}, one_holder(grid),
-                          attrs);
+    const std::vector<T> whole = dp.gather_weights();
+    ckpt::save_weights<T>(path, MPI_COMM_WORLD, chunks, {whole.data()}, one_holder(grid), attrs);
     log::info(cat("checkpoint: final weights written to ", path, " in ",
                   fixed("%.2f", wall_seconds() - w0), " s"));
   }
@@ -318,7 +329,8 @@ int train(const Config& config, const Grid& grid, bool bench) {
                 " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
                 " of peak (steps after the first)"));
   log::info(cat("memory: peak ", format_bytes(double(memory::stats().total_peak)), " on rank 0"));
-  if (bench) log::info(bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
+  if (bench)
+    log::info(bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
   return kExitOk;
 }
 

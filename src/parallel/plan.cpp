@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "parallel/data_parallel.hpp"
 #include "util/error.hpp"
 #include "util/memory.hpp"
 
@@ -11,8 +12,6 @@ namespace ptrain::parallel {
 namespace {
 
 constexpr int idx(MemCategory c) { return static_cast<int>(c); }
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 int dense_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.ep * c.parallel.cp); }
 int expert_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.cp); }
@@ -65,21 +64,21 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
   }
   est.local_params = est.dense_params + est.expert_params;
 
+  // Parameters, gradients, optimizer state and ZeRO windows: the sizes the data-parallel
+  // engine allocates (parallel/data_parallel.hpp), chunk by chunk.
   const double w = double(dtype_bytes(config));
   const bool mixed = config.model.dtype == "bf16";  // fp32 master weights and moments
   const double state_w = mixed ? 4.0 : w;
-  const int zero = int(config.parallel.zero);
-  const std::int64_t Dg = dense_grad_size(config), De = expert_grad_size(config);
-  // ZeRO shards are equal pieces of the flat buffer (the last one padded).
-  const double dense_shard = double(ceil_div(est.dense_params, Dg));
-  const double expert_shard = double(ceil_div(est.expert_params, De));
-  const double full = double(est.local_params), shard = dense_shard + expert_shard;
-
-  est.bytes[idx(MemCategory::params)] = (zero >= 3 ? shard : full) * w;
-  est.bytes[idx(MemCategory::grads)] = (zero >= 2 ? shard : full) * w;
-  est.bytes[idx(MemCategory::optimizer)] =
-      (zero >= 1 ? shard : full) * state_w * (config.train.optimizer == "adamw" ? 2 : 0) +
-      (mixed ? (zero >= 1 ? shard : full) * 4.0 : 0.0);
+  const double moments = config.train.optimizer == "adamw" ? 2.0 : 0.0;
+  for (const auto& ch : chunks) {
+    const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
+                                       config.parallel.bucket_mb, std::size_t(w));
+    est.bytes[idx(MemCategory::params)] += double(z.params) * w;
+    est.bytes[idx(MemCategory::grads)] += double(z.grads) * w;
+    est.bytes[idx(MemCategory::optimizer)] +=
+        double(z.optimizer_range) * (state_w * moments + (mixed ? 4.0 : 0.0));
+    est.bytes[idx(MemCategory::comm)] += double(z.comm) * w;
+  }
 
   const model::Dims d = model::dims_of(config);
   const std::int64_t T = d.S / config.parallel.cp;
@@ -93,12 +92,6 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
   est.bytes[idx(MemCategory::activations)] = double(act.kept(layers)) * double(in_flight) * w;
   est.bytes[idx(MemCategory::workspace)] = double(act.scratch) * w;
 
-  // Communication buffers: ZeRO 2/3 reduce-scatter through one bucket; ZeRO 3 also holds
-  // two gathered blocks (the current one and the prefetched next).
-  const double bucket = config.parallel.bucket_mb * 1024.0 * 1024.0;
-  double comm = zero >= 2 ? std::min(bucket, full * w) : 0.0;
-  if (zero >= 3 && layers > 0) comm += 2.0 * (full / double(layers)) * w;
-  est.bytes[idx(MemCategory::comm)] = comm;
   return est;
 }
 
@@ -122,22 +115,29 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   std::vector<CommEstimate> out;
   auto ring = [](double n) { return (n - 1) / n; };
 
-  // Data parallel: gradients of the dense parameters over d,e,c; experts over d,c.
+  // Data parallel: gradients of the dense parameters over d,e,c; experts over d,c. As
+  // parallel/data_parallel.hpp does it: ZeRO 2/3 reduce-scatter after every micro-batch,
+  // ZeRO 3 gathers every unit for its forward and its backward (the embedding, which the
+  // tied head shares, once per step).
+  double emb = 0;
+  for (const auto& ch : model::build_layout(config, coord))
+    for (const auto& u : model::units_of(ch))
+      if (u.kind == model::Unit::embedding) emb += double(u.hi - u.lo) * w;
   auto dp_volume = [&](double S, double D) {
     switch (par.zero) {
       case 0:
-        return 2 * ring(D) * S;  // all-reduce
+        return 2 * ring(D) * S;
       case 1:
-        return 2 * ring(D) * S + ring(D) * S;  // all-reduce + all-gather params
+        return 2 * ring(D) * S + ring(D) * S;
       case 2:
-        return 2 * ring(D) * S;  // reduce-scatter + all-gather params
+        return m * ring(D) * S + ring(D) * S;
       default:
-        return 3 * ring(D) * S;  // + all-gather params in fwd and bwd
+        return m * ring(D) * S + ring(D) * (m * 2 * (S - emb) + emb);
     }
   };
   const char* dp_formula[] = {"2(D-1)/D*S all-reduce", "2(D-1)/D*S + (D-1)/D*S all-gather",
-                              "(D-1)/D*S reduce-scatter + (D-1)/D*S all-gather",
-                              "(D-1)/D*S reduce-scatter + 2(D-1)/D*S all-gathers"};
+                              "m*(D-1)/D*S reduce-scatter + (D-1)/D*S all-gather",
+                              "m*(D-1)/D*S reduce-scatter + (D-1)/D*(2m(S-E)+E) all-gathers"};
   out.push_back({GroupKind::dense_grad,
                  dp_volume(double(mem.dense_params) * w, double(dense_grad_size(config))),
                  dp_formula[par.zero]});

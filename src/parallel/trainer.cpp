@@ -35,7 +35,9 @@ void check_supported(const Config& c, int world_size) {
   auto no = [](bool asked, const char* what) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
-  no(world_size > 1, "training on more than one rank (use --plan for larger grids)");
+  no(c.parallel.tp > 1 || c.parallel.pp > 1 || c.parallel.cp > 1 || c.parallel.ep > 1,
+     "training with parallel%tp, pp, cp or ep > 1 (only data parallelism so far; --plan works)");
+  (void)world_size;
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
   no(c.checkpoint.every > 0, "checkpoint%every > 0 (periodic checkpoints)");
   no(!c.checkpoint.restart.empty(), "checkpoint%restart (resuming a run)");
@@ -48,13 +50,15 @@ template <class T>
 Trainer<T>::Trainer(const Config& config, const Grid& grid)
     : config_(config),
       grid_(grid),
-      model_(config, shard_coord(config, grid), int(config.train.micro_batch)),
+      dense_grad_(grid.comm(GroupKind::dense_grad), "dense-grad"),
+      batch_(grid.comm(GroupKind::batch), "batch"),
+      dp_(config, dense_grad_, model::build_layout(config, shard_coord(config, grid)).at(0)),
+      model_(config, shard_coord(config, grid), int(config.train.micro_batch), dp_.store()),
       data_(data::open_source(data::spec_from_config(config))),
       schedule_(optim::schedule_from_config(config)) {
-  const auto& layout = model_.layout();
-  optimizer_ =
-      optim::make_optimizer<T>(config.train.optimizer, decay_segments(layout), 0,
-                               std::size_t(layout.numel), optim::hyper_from_config(config));
+  optimizer_ = optim::make_optimizer<T>(config.train.optimizer, decay_segments(model_.layout()),
+                                        std::size_t(dp_.update_lo()), std::size_t(dp_.update_hi()),
+                                        optim::hyper_from_config(config));
   const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len);
   inputs_.resize(n);
   targets_.resize(n);
@@ -79,12 +83,14 @@ StepResult Trainer<T>::step(std::int64_t s) {
   r.tokens = global * S;
   const T dloss = T(1.0 / double(r.tokens));  // d(mean loss) / d(token loss)
 
-  model_.zero_grads();
-  const auto [first, count] = my_slice(global);
+  const CommStats before = dense_grad_.stats();
+  dp_.begin_step();
+  const auto [first, count] = my_slice(global);  // the deck makes count a multiple of mb
   double loss_sum = 0;
   Stopwatch fwd, bwd, opt;
   for (std::int64_t j = 0; j < count; j += mb) {
     const int B = int(std::min(mb, count - j));
+    dp_.begin_micro_batch(j + mb >= count);
     profile::region("data", [&] {
       data::fetch(*data_, data::Split::train, s, first + j, B, inputs_.data(), targets_.data());
     });
@@ -94,22 +100,31 @@ StepResult Trainer<T>::step(std::int64_t s) {
     fwd.stop();
     bwd.start();
     model_.backward(dloss);
+    if (config_.run.debug_fail_rank == grid_.world_rank())
+      throw Error(cat("run%debug_fail_rank: rank ", grid_.world_rank(),
+                      " fails on purpose in the backward of step ", s));
     Kokkos::fence();
     bwd.stop();
   }
+  profile::region("grad-sync", [&] { dp_.finish_gradients(); });
+  batch_.all_reduce_sum_now(&loss_sum, 1);
   r.loss = loss_sum / double(r.tokens);
 
   opt.start();
-  auto grads = model_.grads();
+  auto grads = dp_.update_grads();
   profile::region("clip", [&] {
-    r.grad_norm = std::sqrt(optim::sum_of_squares(grads));
+    r.grad_norm = std::sqrt(dp_.grad_norm_squared());
     const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
     if (factor != 1.0) optim::scale(grads, factor);
   });
   r.lr = schedule_.at(s);
-  profile::region("optimizer", [&] { optimizer_->step(model_.params(), grads, r.lr); });
+  profile::region("optimizer", [&] { optimizer_->step(dp_.update_params(), grads, r.lr); });
+  profile::region("param-gather", [&] { dp_.finish_step(); });
   Kokkos::fence();
   opt.stop();
+  r.comm_bytes = dense_grad_.stats().bytes - before.bytes;
+  r.comm_exposed = dense_grad_.stats().exposed_s - before.exposed_s;
+  r.comm_overlap = dp_.overlap_fraction();
 
   r.t_forward = fwd.total();
   r.t_backward = bwd.total();
@@ -124,12 +139,21 @@ double Trainer<T>::evaluate() {
   const std::int64_t n =
       config_.data.val_samples > 0 ? config_.data.val_samples : config_.train.global_batch;
   const auto [first, count] = my_slice(n);
+  // Every rank runs the same number of forwards (ZeRO 3 gathers are collective); a rank
+  // whose slice is shorter repeats its first sample and discards that loss.
+  const std::int64_t ranks = grid_.group_size(GroupKind::batch);
+  const std::int64_t passes = ((n + ranks - 1) / ranks + mb - 1) / mb;
   double loss_sum = 0;
-  for (std::int64_t j = 0; j < count; j += mb) {
-    const int B = int(std::min(mb, count - j));
-    data::fetch(*data_, data::Split::val, 0, first + j, B, inputs_.data(), targets_.data());
-    loss_sum += model_.forward(inputs_.data(), targets_.data(), B);
+  for (std::int64_t k = 0; k < passes; ++k) {
+    const std::int64_t j = k * mb;
+    const int B = int(std::max<std::int64_t>(1, std::min(mb, count - j)));
+    const bool real = j < count;
+    data::fetch(*data_, data::Split::val, 0, real ? first + j : first, B, inputs_.data(),
+                targets_.data());
+    const double l = model_.forward(inputs_.data(), targets_.data(), B, false);
+    if (real) loss_sum += l;
   }
+  batch_.all_reduce_sum_now(&loss_sum, 1);
   return loss_sum / double(n * S);
 }
 

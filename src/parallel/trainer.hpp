@@ -7,11 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "data/data.hpp"
 #include "deck/config.hpp"
 #include "grid/grid.hpp"
 #include "model/gpt.hpp"
 #include "optim/optim.hpp"
+#include "parallel/data_parallel.hpp"
 
 namespace ptrain::parallel {
 
@@ -20,11 +22,14 @@ struct StepResult {
   double loss = 0, lr = 0, grad_norm = 0;
   double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
   std::int64_t tokens = 0;                                            // in the global batch
+  // Data-parallel gradient traffic of this step (dense-grad group, this rank).
+  double comm_bytes = 0, comm_exposed = 0;  // bytes sent; seconds blocked waiting
+  double comm_overlap = 1;                  // bytes reduced before the end of the backward
 };
 
 // Refuses (Error, exit code 2, the same on every rank) what this version cannot train yet:
-// more than one rank, mixture of experts, periodic checkpoints and restart, traces,
-// recomputation, a device other than the CPU.
+// tensor, pipeline, context or expert parallelism, mixture of experts, periodic
+// checkpoints and restart, traces, recomputation, a device other than the CPU.
 void check_supported(const Config& config, int world_size);
 
 template <class T>
@@ -33,6 +38,7 @@ class Trainer {
   Trainer(const Config& config, const Grid& grid);
 
   model::GPT<T>& model() { return model_; }
+  DataParallel<T>& data_parallel() { return dp_; }
   const data::TokenSource& data() const { return *data_; }
   optim::Optimizer<T>& optimizer() { return *optimizer_; }
 
@@ -46,6 +52,8 @@ class Trainer {
 
   const Config& config_;
   const Grid& grid_;
+  Comm dense_grad_, batch_;  // gradient reduction; loss sums over the samples' owners
+  DataParallel<T> dp_;
   model::GPT<T> model_;
   std::unique_ptr<data::TokenSource> data_;
   std::unique_ptr<optim::Optimizer<T>> optimizer_;

@@ -1,0 +1,88 @@
+// parallel/data_parallel.hpp — data parallelism and ZeRO over the dense-grad group
+// (ARCHITECTURE.md section 5). The flat buffer of N elements is padded to D*S and split in
+// D equal shards, rank r owning [r*S, (r+1)*S).
+//
+//   ZeRO 0  whole params and grads; buckets of the gradient buffer (bucket_mb, in reverse
+//           layer order) are all-reduced as soon as the backward of the last micro-batch
+//           has completed them, overlapping the rest of the backward; every rank updates all.
+//   ZeRO 1  as 0, but each rank updates only its shard (optimizer state 1/D), then the
+//           parameters are all-gathered.
+//   ZeRO 2  whole params; gradients only as this rank's shard: each unit's gradients go to
+//           a transient window that is reduce-scattered into the shard after every
+//           micro-batch; update the shard; all-gather the parameters.
+//   ZeRO 3  params sharded too: each unit is all-gathered into a window just before its
+//           forward and again before its backward (the next unit prefetched), then freed.
+// The embedding unit (wte, wpe) serves the tied LM head as well, so under ZeRO 3 its
+// gathered copy is kept for the whole step (gathered once per step, not per micro-batch).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "deck/config.hpp"
+#include "kernels/view.hpp"
+#include "model/gpt.hpp"
+#include "model/layout.hpp"
+#include "util/memory.hpp"
+
+namespace ptrain::parallel {
+
+// Elements each rank allocates per category for a chunk under a ZeRO stage: the one
+// source of both the real buffers and `ptrain --plan`.
+struct DataParallelSizes {
+  std::int64_t numel = 0;                                   // N, the chunk's flat size
+  std::int64_t shard = 0;                                   // S = ceil(N / D)
+  std::int64_t params = 0, grads = 0, optimizer_range = 0;  // elements
+  std::int64_t comm = 0;    // gradient/parameter windows and receive buffers
+  std::int64_t bucket = 0;  // ZeRO 0/1 all-reduce bucket, elements
+};
+DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
+                                      double bucket_mb, std::size_t element_bytes);
+
+template <class T>
+class DataParallel {
+ public:
+  DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout);
+  ~DataParallel();
+
+  model::ParamStore<T>* store();
+  const DataParallelSizes& sizes() const { return sizes_; }
+  int zero() const { return zero_; }
+
+  // The range the optimizer updates: [0, N) under ZeRO 0, this rank's shard otherwise
+  // (clipped to N), with the views of parameters and gradients over it.
+  std::int64_t update_lo() const { return update_lo_; }
+  std::int64_t update_hi() const { return update_hi_; }
+  kernels::Vec<T> update_params();
+  kernels::Vec<T> update_grads();
+
+  // Initial weights of what this rank holds (all of it, or its ZeRO 3 shard).
+  void init_weights(const model::GPT<T>& model, std::uint64_t seed);
+  // Weights of the whole chunk from `whole` (N elements on the host) into what this rank holds.
+  void set_weights(const T* whole);
+  // Copies what this rank holds of the parameters to the whole chunk (all-gathers under
+  // ZeRO 3): for writing weights files.
+  std::vector<T> gather_weights();
+
+  void begin_step();                  // zero gradients
+  void begin_micro_batch(bool last);  // ZeRO 0/1 reduce only after the last one
+  void finish_gradients();            // every reduction done: update_grads() is final
+  double grad_norm_squared();         // global, over the dense-grad group
+  void finish_step();                 // ZeRO 1/2: all-gather the updated parameters
+
+  // Fraction of the gradient bytes whose reduction completed before finish_gradients
+  // had to wait (1 = fully overlapped with the backward); for the step just done.
+  double overlap_fraction() const { return overlap_; }
+
+ private:
+  class Store;
+  Comm& group_;
+  int zero_ = 0, D_ = 1, r_ = 0;
+  DataParallelSizes sizes_;
+  std::int64_t update_lo_ = 0, update_hi_ = 0;
+  std::unique_ptr<Store> store_;
+  double overlap_ = 1.0;
+};
+
+}  // namespace ptrain::parallel
