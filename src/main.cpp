@@ -178,7 +178,7 @@ class RunLog {
     if (!csv_) throw Error(cat("cannot write '", config.run.out_dir, "/log.csv'"));
     csv_ << "step,loss,val_loss,lr,grad_norm,tokens_per_s,gflops,mfu,peak_mem_bytes,"
             "t_step,t_forward,t_backward,t_optimizer,eta_s,"
-            "bytes_dense_grad,exposed_dense_grad_s,overlap_dense_grad\n";
+            "bytes_dense_grad,exposed_dense_grad_s,overlap_dense_grad,bytes_tp,exposed_tp_s\n";
   }
 
   void step(const parallel::StepResult& r, double val_loss, double elapsed) {
@@ -195,7 +195,8 @@ class RunLog {
          << fixed("%.6f", r.t_step) << ',' << fixed("%.6f", r.t_forward) << ','
          << fixed("%.6f", r.t_backward) << ',' << fixed("%.6f", r.t_optimizer) << ','
          << fixed("%.1f", eta) << ',' << fixed("%.0f", r.comm_bytes) << ','
-         << fixed("%.6f", r.comm_exposed) << ',' << fixed("%.4f", r.comm_overlap) << '\n';
+         << fixed("%.6f", r.comm_exposed) << ',' << fixed("%.4f", r.comm_overlap) << ','
+         << fixed("%.0f", r.tp_bytes) << ',' << fixed("%.6f", r.tp_exposed) << '\n';
     csv_.flush();
     const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
                        r.step == config_.run.steps || !std::isnan(val_loss);
@@ -238,11 +239,15 @@ std::string bench_report(double step_seconds, std::int64_t steps) {
   return r;
 }
 
-// Writes final.h5 / reads init_from: one holder per tensor writes (the rank with d = e = c = 0).
+// Writes final.h5 / reads init_from: exactly one holder of every element: the first
+// data-parallel replica, and for tensors every tp rank holds whole, tp rank 0.
 ckpt::TensorPredicate one_holder(const Grid& grid) {
   const bool first_replica =
       grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0;
-  return [first_replica](const model::TensorSpec&) { return first_replica; };
+  const bool tp_root = grid.coord(Axis::t) == 0;
+  return [first_replica, tp_root](const model::TensorSpec& t) {
+    return first_replica && (tp_root || t.local_shape != t.global_shape);
+  };
 }
 
 template <class T>

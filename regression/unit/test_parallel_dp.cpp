@@ -37,9 +37,46 @@ Config config_for(int world, std::map<std::string, std::string> extra) {
 // 0.002 MiB buckets (262 doubles) cut through tensors.
 
 struct RunRecord {
-  std::vector<double> loss, norm, bytes, weights;
+  std::vector<double> loss, norm, bytes, tp_bytes, weights;
   std::vector<std::array<std::size_t, 6>> memory;
 };
+
+// The whole model in one-rank flat order from every rank's shard: each rank places the
+// elements of its slabs at their global positions; replicas (data-parallel copies, tensors
+// every tp rank holds) are averaged, after checking every element was placed.
+std::vector<double> global_weights(const Config& c, const model::ChunkLayout& local,
+                                   const std::vector<double>& data, MPI_Comm comm) {
+  Config one = c;
+  one.parallel.tp = 1;
+  const auto whole = model::build_layout(one, {}).at(0);
+  std::vector<double> sum(std::size_t(whole.numel), 0.0), count(sum.size(), 0.0);
+  for (const auto& t : local.tensors) {
+    const auto& g = whole.find(t.name);
+    std::int64_t k = t.offset;  // local flat index of the slab's first element
+    for (const auto& slab : t.slabs) {
+      const std::size_t rank = slab.count.size();
+      std::vector<std::int64_t> idx(rank, 0);
+      for (std::int64_t e = 0; e < slab.numel(); ++e, ++k) {
+        std::int64_t flat = 0;  // row-major global index inside the tensor
+        for (std::size_t d = 0; d < rank; ++d)
+          flat = flat * t.global_shape[d] + slab.start[d] + idx[d];
+        sum[std::size_t(g.offset + flat)] += data[std::size_t(k)];
+        count[std::size_t(g.offset + flat)] += 1;
+        for (std::size_t d = rank; d-- > 0;) {  // next multi-index
+          if (++idx[d] < slab.count[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+  }
+  MPI_Allreduce(MPI_IN_PLACE, sum.data(), int(sum.size()), MPI_DOUBLE, MPI_SUM, comm);
+  MPI_Allreduce(MPI_IN_PLACE, count.data(), int(count.size()), MPI_DOUBLE, MPI_SUM, comm);
+  for (std::size_t i = 0; i < sum.size(); ++i) {
+    EXPECT_GT(count[i], 0) << "element " << i << " held by no rank";
+    sum[i] /= std::max(count[i], 1.0);
+  }
+  return sum;
+}
 
 template <class T>
 RunRecord train(const Config& c, MPI_Comm comm) {
@@ -53,8 +90,11 @@ RunRecord train(const Config& c, MPI_Comm comm) {
       run.loss.push_back(r.loss);
       run.norm.push_back(r.grad_norm);
       run.bytes.push_back(r.comm_bytes);
+      run.tp_bytes.push_back(r.tp_bytes);
     }
-    for (T w : trainer.data_parallel().gather_weights()) run.weights.push_back(double(w));
+    std::vector<double> local;
+    for (T w : trainer.data_parallel().gather_weights()) local.push_back(double(w));
+    run.weights = global_weights(c, trainer.model().layout(), local, comm);
   }
   return run;
 }
@@ -65,11 +105,13 @@ template <class T>
 void compare_with_one_rank(int zero, double tol, std::map<std::string, std::string> extra = {}) {
   extra["parallel%zero"] = std::to_string(zero);
   if (sizeof(T) == 4) extra["model%dtype"] = "'fp32'";
-  if (world_size() > 1) {
-    const auto layout = model::build_layout(config_for(1, extra), {}).at(0);
+  if (world_size() > 1 && extra.count("parallel%tp") == 0) {
+    const auto layout = model::build_layout(config_for(1, {{"parallel%zero", "0"}}), {}).at(0);
     ASSERT_NE(layout.numel % world_size(), 0) << "the flat size should not divide evenly";
   }
-  const RunRecord one = train<T>(config_for(1, extra), MPI_COMM_SELF);
+  auto single = extra;  // the reference: the same model and batch on one rank
+  single.erase("parallel%tp");
+  const RunRecord one = train<T>(config_for(1, single), MPI_COMM_SELF);
   const RunRecord many = train<T>(config_for(world_size(), extra), MPI_COMM_WORLD);
   ASSERT_EQ(one.loss.size(), many.loss.size());
   for (std::size_t s = 0; s < one.loss.size(); ++s) {
@@ -101,6 +143,40 @@ TEST(DataParallel, SgdAndOneMicroBatchPerRank) {
     compare_with_one_rank<double>(
         z, 1e-10,
         {{"train%optimizer", "'sgd'"}, {"train%micro_batch", "1"}, {"train%global_batch", "4"}});
+}
+
+// Tensor parallelism (alone and with data parallelism and ZeRO): the same training.
+TEST(TensorParallel, AllRanksAsTpMatchOneRank) {
+  const std::string T = std::to_string(world_size());
+  if (world_size() == 1 || world_size() > 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  // n_head = tp (heads 4 -> 1 per rank at 4), a vocabulary 37 that tp does not divide.
+  std::map<std::string, std::string> tp = {
+      {"parallel%tp", T}, {"model%n_head", T}, {"model%d_model", "16"}};
+  compare_with_one_rank<double>(0, 1e-10, tp);
+  compare_with_one_rank<float>(0, 1e-5, tp);
+}
+
+TEST(TensorParallel, Tp2WithDataParallelAndZero) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks (tp 2 x dp 2)";
+  std::map<std::string, std::string> tp = {
+      {"parallel%tp", "2"}, {"model%n_head", "2"}, {"model%d_model", "16"}};
+  for (int z : {0, 1, 3}) compare_with_one_rank<double>(z, 1e-10, tp);
+}
+
+TEST(TensorParallel, BytesPerStepAreTwoAllReducesPerLayerEachWay) {
+  const int T = world_size();
+  if (T == 1) GTEST_SKIP() << "needs more than one rank";
+  const Config c = config_for(
+      T, {{"parallel%tp", std::to_string(T)}, {"model%n_head", "4"}, {"model%d_model", "16"}});
+  const RunRecord r = train<double>(c, MPI_COMM_WORLD);
+  const double ring = 2.0 * (T - 1) / T, w = 8, L = double(c.model.n_layer);
+  const double BT = double(c.train.micro_batch * c.model.seq_len), C = double(c.model.d_model);
+  const double m = double(c.train.global_batch / c.train.micro_batch);
+  // Per micro-batch: forward embedding + 2 per block, backward head + 2 per block, each an
+  // all-reduce of (B*T, C); the loss's row max and (sum-exp, target) of B*T; plus the
+  // gradient norm's scalar.
+  const double expect = m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT) + ring * 8;
+  for (double b : r.tp_bytes) EXPECT_DOUBLE_EQ(b, expect);
 }
 
 TEST(DataParallel, BytesPerStepAreTheRingFormulas) {

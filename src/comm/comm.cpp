@@ -67,9 +67,18 @@ Comm::Comm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)
 
 template <class T>
 Request Comm::all_reduce_sum(T* data, std::size_t n) {
+  return all_reduce(data, n, MPI_SUM);
+}
+
+template <class T>
+Request Comm::all_reduce_max(T* data, std::size_t n) {
+  return all_reduce(data, n, MPI_MAX);
+}
+
+template <class T>
+Request Comm::all_reduce(T* data, std::size_t n, MPI_Op op) {
   MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), mpi_type<T>(), MPI_SUM, comm_, &r),
-        "Iallreduce");
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), mpi_type<T>(), op, comm_, &r), "Iallreduce");
   stats_.bytes += 2.0 * (size_ - 1) / size_ * double(n * sizeof(T));
   ++stats_.calls;
   return Request(r, this);
@@ -114,6 +123,7 @@ void Comm::all_reduce_sum_now(double* data, int n) {
 
 #define PTRAIN_COMM_INSTANTIATE(T)                                                     \
   template Request Comm::all_reduce_sum<T>(T*, std::size_t);                           \
+  template Request Comm::all_reduce_max<T>(T*, std::size_t);                           \
   template Request Comm::reduce_scatter_sum<T>(const T*, T*, const std::vector<int>&); \
   template Request Comm::all_gather<T>(const T*, T*, const std::vector<int>&);
 PTRAIN_COMM_INSTANTIATE(float)

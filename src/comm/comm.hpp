@@ -51,9 +51,11 @@ class Comm {
   MPI_Comm mpi() const { return comm_; }
   const std::string& name() const { return name_; }
 
-  // data[0..n) summed over the group, in place.
+  // data[0..n) summed (or maxed) over the group, in place.
   template <class T>
   Request all_reduce_sum(T* data, std::size_t n);
+  template <class T>
+  Request all_reduce_max(T* data, std::size_t n);
   // send (sum of counts elements) summed over the group; rank r receives elements
   // [sum(counts[<r]), +counts[r]) of the sum into recv. Counts may be zero.
   template <class T>
@@ -70,6 +72,8 @@ class Comm {
 
  private:
   friend class Request;
+  template <class T>
+  Request all_reduce(T* data, std::size_t n, MPI_Op op);
   MPI_Comm comm_;
   std::string name_;
   int size_ = 1, rank_ = 0;

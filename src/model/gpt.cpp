@@ -96,11 +96,14 @@ K::Vec<T> ResidentStore<T>::grads(int unit) {
 }
 
 template <class T>
-GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch, ParamStore<T>* store)
-    : config_(config), dims_(dims_of(config)), coord_(coord), micro_batch_(micro_batch) {
+GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch, ParamStore<T>* store,
+            Comm* tp)
+    : config_(config), dims_(dims_of(config)), coord_(coord), micro_batch_(micro_batch), tp_(tp) {
   // Only the pieces this version implements; everything else says so instead of guessing.
-  PTRAIN_REQUIRE(coord.T == 1,
-                 "model: tensor parallelism (parallel%tp > 1) is not implemented yet");
+  PTRAIN_REQUIRE(coord.T == 1 || (tp && tp->size() == coord.T), "model: tensor parallelism over ",
+                 coord.T, " ranks needs their tp group");
+  PTRAIN_REQUIRE(!config.parallel.sequence_parallel || coord.T == 1,
+                 "model: sequence parallelism is not implemented yet");
   PTRAIN_REQUIRE(coord.P == 1 && coord.virtual_stages == 1,
                  "model: pipeline parallelism (parallel%pp > 1) is not implemented yet");
   PTRAIN_REQUIRE(dims_.n_expert == 0,
@@ -127,6 +130,11 @@ GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch, Para
       TrackedView<T>(MemCategory::workspace, "ptrain::backward_scratch", std::size_t(act.scratch));
   tokens_ = Kokkos::View<int*>("ptrain::tokens", std::size_t(micro_batch) * dims_.S);
   targets_ = Kokkos::View<int*>("ptrain::targets", std::size_t(micro_batch) * dims_.S);
+}
+
+template <class T>
+void GPT<T>::tp_sum(const K::Vec<T>& x) {
+  if (tp_ && tp_->size() > 1) tp_->all_reduce_sum(x.data(), x.extent(0)).wait();
 }
 
 template <class T>
@@ -261,10 +269,16 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
   // backward; every other unit is released as soon as it is used.
   const K::Vec<T> emb = store_->params(u_emb_);
   const K::Vec<T> wte = tensor(emb, u_emb_, "wte.weight");
+  // Vocab-parallel: each tp rank embeds the tokens of its vocabulary rows, rank 0 adds the
+  // positions, the sum over tp is the embedding.
+  const bool tp_root = coord_.t == 0;
+  const int v_begin = coord_.t * Vl;
   profile::region("embedding", [&] {
     K::encoder_forward(x, tok, no_positions, K::CVec<T>(wte),
-                       K::CVec<T>(tensor(emb, u_emb_, "wpe.weight")), B, S, C, 0, Vl);
+                       tp_root ? K::CVec<T>(tensor(emb, u_emb_, "wpe.weight")) : K::CVec<T>(), B, S,
+                       C, v_begin, Vl);
   });
+  profile::region("tp-comm", [&] { tp_sum(x); });
 
   for (int l = 0; l < layout_.n_layers; ++l) {
     const int unit = u_block0_ + l;
@@ -279,8 +293,11 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
                     [&] { K::matmul_forward<T>(a.qkv, a.ln1, w.qkv_w, w.qkv_b, BT, C, 3 * Cl); });
     profile::region("attention",
                     [&] { K::attention_forward<T>(a.atty, a.lse, a.qkv, B, S, NH, HS); });
-    profile::region("matmul",
-                    [&] { K::matmul_forward<T>(a.res2, a.atty, w.proj_w, w.proj_b, BT, Cl, C); });
+    // Row-parallel: partial sums over this rank's heads, the bias added once, all-reduced.
+    profile::region("matmul", [&] {
+      K::matmul_forward<T>(a.res2, a.atty, w.proj_w, tp_root ? w.proj_b : K::Vec<T>(), BT, Cl, C);
+    });
+    profile::region("tp-comm", [&] { tp_sum(a.res2); });
     profile::region("residual", [&] { K::axpy<T>(a.res2, T(1), x); });
     // ln2 = LN(res2); fch = ln2 W_fc^T + b; res3 = res2 + gelu(fch) W_proj^T + b
     profile::region("layernorm", [&] {
@@ -290,8 +307,10 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
                     [&] { K::matmul_forward<T>(a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, Fl); });
     profile::region("gelu", [&] { K::gelu_forward<T>(a.fch_gelu, a.fch, std::size_t(BT) * Fl); });
     profile::region("matmul", [&] {
-      K::matmul_forward<T>(a.res3, a.fch_gelu, w.fcproj_w, w.fcproj_b, BT, Fl, C);
+      K::matmul_forward<T>(a.res3, a.fch_gelu, w.fcproj_w, tp_root ? w.fcproj_b : K::Vec<T>(), BT,
+                           Fl, C);
     });
+    profile::region("tp-comm", [&] { tp_sum(a.res3); });
     profile::region("residual", [&] { K::axpy<T>(a.res3, T(1), a.res2); });
     x = a.res3;
     store_->release_params(unit);
@@ -308,10 +327,19 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
   });
   profile::region("matmul",
                   [&] { K::matmul_forward<T>(logits, lnf, wte, K::CVec<T>(), BT, C, Vl); });
-  const K::VocabShard shard{0, Vl, int(dims_.V)};
+  // Vocab-parallel cross-entropy: no rank holds the full logits; the row max and then the
+  // sum of exponentials and the target's logit are reduced over tp.
+  const K::VocabShard shard{v_begin, Vl, int(dims_.V)};
   profile::region("crossentropy", [&] { K::crossentropy_row_max<T>(row_max, logits, BT, shard); });
+  profile::region("tp-comm", [&] {
+    if (tp_ && tp_->size() > 1) tp_->all_reduce_max(row_max.data(), row_max.extent(0)).wait();
+  });
   profile::region("crossentropy", [&] {
     K::crossentropy_row_sumexp<T>(sumexp, target_logit, logits, row_max, tgt, BT, shard);
+  });
+  // sumexp and target_logit are adjacent: one reduction for both.
+  profile::region("tp-comm", [&] {
+    tp_sum(slice(acts_.view(), sumexp.data() - acts_.data(), 2 * std::int64_t(BT)));
   });
   profile::region("crossentropy",
                   [&] { K::crossentropy_loss<T>(losses, row_max, sumexp, target_logit, BT); });
@@ -358,7 +386,7 @@ void GPT<T>::backward(T dloss) {
   // the embedding backward, at the very end.
   const K::Vec<T> emb = store_->params(u_emb_), demb = store_->grads(u_emb_);
   const K::Vec<T> head = store_->params(u_head_), dhead = store_->grads(u_head_);
-  const K::VocabShard shard{0, Vl, int(dims_.V)};
+  const K::VocabShard shard{int(coord_.t * Vl), Vl, int(dims_.V)};
   profile::region("crossentropy", [&] {
     K::crossentropy_backward<T>(logits, row_max, sumexp, tgt, BT, shard, dloss);
   });
@@ -367,6 +395,7 @@ void GPT<T>::backward(T dloss) {
     K::matmul_backward<T>(dln, tensor(demb, u_emb_, "wte.weight"), K::Vec<T>(), logits, lnf,
                           tensor(emb, u_emb_, "wte.weight"), BT, C, Vl);
   });
+  profile::region("tp-comm", [&] { tp_sum(dln); });  // partial over vocabulary shards
   profile::region("zero-fill", [&] { K::fill(dres, T(0)); });
   profile::region("layernorm", [&] {
     K::layernorm_backward<T>(dres, tensor(dhead, u_head_, "ln_f.weight"),
@@ -394,6 +423,7 @@ void GPT<T>::backward(T dloss) {
     profile::region("matmul", [&] {
       K::matmul_backward<T>(dln, g.fc_w, g.fc_b, dfch, a.ln2, w.fc_w, BT, C, Fl);
     });
+    profile::region("tp-comm", [&] { tp_sum(dln); });  // column-parallel input gradient
     profile::region("layernorm", [&] {
       K::layernorm_backward<T>(dres, g.ln2_w, g.ln2_b, dln, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd,
                                BT, C);
@@ -410,6 +440,7 @@ void GPT<T>::backward(T dloss) {
     profile::region("matmul", [&] {
       K::matmul_backward<T>(dln, g.qkv_w, g.qkv_b, dqkv, a.ln1, w.qkv_w, BT, C, 3 * Cl);
     });
+    profile::region("tp-comm", [&] { tp_sum(dln); });
     profile::region("layernorm", [&] {
       K::layernorm_backward<T>(dres, g.ln1_w, g.ln1_b, dln, block_input(l), w.ln1_w, a.ln1_mean,
                                a.ln1_rstd, BT, C);
@@ -419,7 +450,7 @@ void GPT<T>::backward(T dloss) {
   }
   profile::region("embedding", [&] {
     K::encoder_backward<T>(tensor(demb, u_emb_, "wte.weight"), tensor(demb, u_emb_, "wpe.weight"),
-                           dres, tok, no_positions, B, S, C, 0, Vl);
+                           dres, tok, no_positions, B, S, C, int(coord_.t * Vl), Vl);
   });
   store_->release_params(u_emb_);
   store_->grads_done(u_emb_);

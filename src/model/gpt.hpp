@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "deck/config.hpp"
 #include "kernels/view.hpp"
 #include "model/layout.hpp"
@@ -49,9 +50,13 @@ class GPT {
  public:
   // Builds this rank's chunk and allocates the activations of one micro-batch of
   // `micro_batch` samples. Parameters and gradients live in `store` (not owned; it must
-  // outlive the model), or, when null, in a resident store the model owns.
+  // outlive the model), or, when null, in a resident store the model owns. With
+  // coord.T > 1 the model is this rank's tensor-parallel shard (ARCHITECTURE.md section 4)
+  // and `tp` is the group it reduces over: heads and MLP columns split, row-parallel
+  // outputs all-reduced (their biases added by tp rank 0), the embedding and the loss
+  // vocab-parallel.
   GPT(const Config& config, const ShardCoord& coord, int micro_batch,
-      ParamStore<T>* store = nullptr);
+      ParamStore<T>* store = nullptr, Comm* tp = nullptr);
 
   const Dims& dims() const { return dims_; }
   const ChunkLayout& layout() const { return layout_; }
@@ -95,6 +100,8 @@ class GPT {
   int micro_batch_ = 0, B_ = 0;                   // capacity and the current micro-batch
   std::unique_ptr<ResidentStore<T>> own_store_;
   ParamStore<T>* store_ = nullptr;
+  Comm* tp_ = nullptr;  // null or size 1: no tensor parallelism
+  void tp_sum(const kernels::Vec<T>& x);  // all-reduce over tp (a no-op without it)
   TrackedView<T> acts_, scratch_;        // activations kept for backward; backward scratch
   Kokkos::View<int*> tokens_, targets_;  // (micro_batch, S)
   double last_loss_sum_ = 0;

@@ -311,8 +311,14 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
 // ---------------------------------------------------------------------------------------
 
 template <class T>
-DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout)
-    : group_(group), zero_(int(config.parallel.zero)), D_(group.size()), r_(group.rank()) {
+DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
+                              Comm* tp)
+    : group_(group),
+      tp_(tp),
+      layout_(layout),
+      zero_(int(config.parallel.zero)),
+      D_(group.size()),
+      r_(group.rank()) {
   sizes_ = data_parallel_sizes(layout, D_, zero_, config.parallel.bucket_mb, sizeof(T));
   if (zero_ == 0) {
     update_lo_ = 0;
@@ -392,13 +398,21 @@ void DataParallel<T>::finish_gradients() {
 
 template <class T>
 double DataParallel<T>::grad_norm_squared() {
-  // Each rank sums its own shard of the (reduced) gradients; the group adds them up.
-  K::Vec<T> mine = zero_ <= 1 ? slice(store_->grads_.view(),
-                                      std::min<std::int64_t>(sizes_.numel, r_ * sizes_.shard),
-                                      std::min<std::int64_t>(sizes_.numel, (r_ + 1) * sizes_.shard))
-                              : store_->grads_.view();
-  double sq = K::sum_of_squares<T>(mine);
+  // Each rank sums its own shard of the (reduced) gradients and the group adds them up.
+  // Under tensor parallelism the tp ranks add their shards too, and a tensor every tp rank
+  // holds whole (LayerNorm, row-parallel biases, wpe) counts once, from tp rank 0.
+  const std::int64_t S = sizes_.shard;
+  const std::int64_t lo = std::min(sizes_.numel, r_ * S), hi = std::min(sizes_.numel, (r_ + 1) * S);
+  const std::int64_t base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
+  const bool skip_replicated = tp_ && tp_->size() > 1 && tp_->rank() != 0;
+  double sq = 0;
+  for (const auto& t : layout_.tensors) {
+    if (skip_replicated && t.local_shape == t.global_shape) continue;
+    const std::int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a < b) sq += K::sum_of_squares<T>(slice(store_->grads_.view(), a - base, b - base));
+  }
   group_.all_reduce_sum_now(&sq, 1);
+  if (tp_ && tp_->size() > 1) tp_->all_reduce_sum_now(&sq, 1);
   return sq;
 }
 

@@ -43,7 +43,10 @@ DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, i
 template <class T>
 class DataParallel {
  public:
-  DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout);
+  // `tp` (may be null) is the tensor-parallel group: the gradient norm adds the shards of
+  // tp-split tensors over it and counts tp-replicated ones once.
+  DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
+               Comm* tp = nullptr);
   ~DataParallel();
 
   model::ParamStore<T>* store();
@@ -78,6 +81,8 @@ class DataParallel {
  private:
   class Store;
   Comm& group_;
+  Comm* tp_ = nullptr;
+  model::ChunkLayout layout_;
   int zero_ = 0, D_ = 1, r_ = 0;
   DataParallelSizes sizes_;
   std::int64_t update_lo_ = 0, update_hi_ = 0;

@@ -35,8 +35,9 @@ void check_supported(const Config& c, int world_size) {
   auto no = [](bool asked, const char* what) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
-  no(c.parallel.tp > 1 || c.parallel.pp > 1 || c.parallel.cp > 1 || c.parallel.ep > 1,
-     "training with parallel%tp, pp, cp or ep > 1 (only data parallelism so far; --plan works)");
+  no(c.parallel.pp > 1 || c.parallel.cp > 1 || c.parallel.ep > 1,
+     "training with parallel%pp, cp or ep > 1 (data and tensor parallelism so far; --plan works)");
+  no(c.parallel.sequence_parallel, "parallel%sequence_parallel = .true.");
   (void)world_size;
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
   no(c.checkpoint.every > 0, "checkpoint%every > 0 (periodic checkpoints)");
@@ -52,8 +53,9 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
       grid_(grid),
       dense_grad_(grid.comm(GroupKind::dense_grad), "dense-grad"),
       batch_(grid.comm(GroupKind::batch), "batch"),
-      dp_(config, dense_grad_, model::build_layout(config, shard_coord(config, grid)).at(0)),
-      model_(config, shard_coord(config, grid), int(config.train.micro_batch), dp_.store()),
+      tp_(grid.comm(GroupKind::tp), "tp"),
+      dp_(config, dense_grad_, model::build_layout(config, shard_coord(config, grid)).at(0), &tp_),
+      model_(config, shard_coord(config, grid), int(config.train.micro_batch), dp_.store(), &tp_),
       data_(data::open_source(data::spec_from_config(config))),
       schedule_(optim::schedule_from_config(config)) {
   optimizer_ = optim::make_optimizer<T>(config.train.optimizer, decay_segments(model_.layout()),
@@ -83,7 +85,7 @@ StepResult Trainer<T>::step(std::int64_t s) {
   r.tokens = global * S;
   const T dloss = T(1.0 / double(r.tokens));  // d(mean loss) / d(token loss)
 
-  const CommStats before = dense_grad_.stats();
+  const CommStats before = dense_grad_.stats(), tp_before = tp_.stats();
   dp_.begin_step();
   const auto [first, count] = my_slice(global);  // the deck makes count a multiple of mb
   double loss_sum = 0;
@@ -125,6 +127,8 @@ StepResult Trainer<T>::step(std::int64_t s) {
   r.comm_bytes = dense_grad_.stats().bytes - before.bytes;
   r.comm_exposed = dense_grad_.stats().exposed_s - before.exposed_s;
   r.comm_overlap = dp_.overlap_fraction();
+  r.tp_bytes = tp_.stats().bytes - tp_before.bytes;
+  r.tp_exposed = tp_.stats().exposed_s - tp_before.exposed_s;
 
   r.t_forward = fwd.total();
   r.t_backward = bwd.total();

@@ -25,6 +25,7 @@ struct StepResult {
   // Data-parallel gradient traffic of this step (dense-grad group, this rank).
   double comm_bytes = 0, comm_exposed = 0;  // bytes sent; seconds blocked waiting
   double comm_overlap = 1;                  // bytes reduced before the end of the backward
+  double tp_bytes = 0, tp_exposed = 0;      // tensor-parallel traffic (blocking: all exposed)
 };
 
 // Refuses (Error, exit code 2, the same on every rank) what this version cannot train yet:
@@ -52,7 +53,7 @@ class Trainer {
 
   const Config& config_;
   const Grid& grid_;
-  Comm dense_grad_, batch_;  // gradient reduction; loss sums over the samples' owners
+  Comm dense_grad_, batch_, tp_;  // gradient reduction; loss sums; tensor parallelism
   DataParallel<T> dp_;
   model::GPT<T> model_;
   std::unique_ptr<data::TokenSource> data_;
