@@ -45,7 +45,7 @@ class Handle {
  public:
   using Closer = herr_t (*)(hid_t);
   Handle() = default;
-  Handle(hid_t id, Closer close) : id_(id), close_(close) {}
+  Handle(hid_t id, Closer closer) : id_(id), close_(closer) {}
   Handle(Handle&& o) noexcept { swap(o); }
   Handle& operator=(Handle&& o) noexcept {
     Handle tmp(std::move(o));
@@ -59,6 +59,11 @@ class Handle {
   }
   hid_t get() const { return id_; }
   explicit operator bool() const { return id_ >= 0; }
+  // Closes now and throws when that fails (a file's close flushes what was written).
+  void close(const std::string& what) {
+    const hid_t id = std::exchange(id_, -1);
+    if (id >= 0 && close_ && close_(id) < 0) throw Error(cat(what, ": close: ", last_error()));
+  }
 
  private:
   void swap(Handle& o) noexcept {
@@ -70,9 +75,9 @@ class Handle {
 };
 
 // Wraps a freshly returned identifier; a negative one throws "<what>: <HDF5's reason>".
-inline Handle checked(hid_t id, Handle::Closer close, const std::string& what) {
+inline Handle checked(hid_t id, Handle::Closer closer, const std::string& what) {
   if (id < 0) throw Error(cat(what, ": ", last_error()));
-  return Handle(id, close);
+  return Handle(id, closer);
 }
 inline void check(herr_t status, const std::string& what) {
   if (status < 0) throw Error(cat(what, ": ", last_error()));

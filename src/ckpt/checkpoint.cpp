@@ -1,0 +1,835 @@
+#include "ckpt/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt/common.hpp"
+#include "ckpt/h5.hpp"
+#include "util/error.hpp"
+
+namespace ptrain::ckpt {
+
+using model::ChunkLayout;
+using model::Shape;
+using model::Slab;
+using model::TensorSpec;
+using namespace detail;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The three kinds of tensor datasets: parameters and the two AdamW moments.
+constexpr int kKinds = 3;
+const char* const kGroup[kKinds] = {"model", "optim/m", "optim/v"};
+const char* const kBufferName[kKinds] = {"parameter", "m", "v"};
+
+template <class P>
+const std::vector<Owned<P>>& owned_of(const Buffers<P>& b, int kind) {
+  return kind == 0 ? b.params : kind == 1 ? b.m : b.v;
+}
+template <class P>
+int kinds_of(const Buffers<P>& b) {
+  return b.moments ? 3 : 1;
+}
+
+// ---- what this rank holds -----------------------------------------------------------------
+
+// The part of one tensor (of one kind) in this rank's owned range of one chunk.
+struct Holding {
+  int kind = 0;
+  int chunk = 0;
+  const TensorSpec* spec = nullptr;
+  std::vector<Slab> boxes;  // the owned elements as global blocks, in memory order
+  std::int64_t numel = 0;
+  std::size_t at = 0;    // index in the Owned buffer's data of the first owned element
+  bool primary = false;  // written on save, checksummed on load
+};
+
+// Checks the buffers against the layout and lists what this rank holds (on save only what
+// it writes). `known` gets every tensor of the layout with its global shape. "" when fine.
+template <class P>
+std::string collect_holdings(const std::vector<ChunkLayout>& chunks, const Buffers<P>& buffers,
+                             const TensorPredicate& holder, bool saving, std::vector<Holding>& out,
+                             std::map<std::string, Shape>& known) {
+  if (!holder) return "no holder predicate was given";
+  if (buffers.params.size() != chunks.size())
+    return cat("got ", buffers.params.size(), " parameter buffers for ", chunks.size(),
+               " model chunks");
+  const std::size_t n_moments = buffers.moments ? chunks.size() : 0;
+  if (buffers.m.size() != n_moments || buffers.v.size() != n_moments)
+    return buffers.moments ? cat("got ", buffers.m.size(), " m and ", buffers.v.size(),
+                                 " v buffers for ", chunks.size(), " model chunks")
+                           : std::string("m and v buffers were given but `moments` is false");
+  const int kinds = kinds_of(buffers);
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const auto numel = static_cast<std::size_t>(chunks[c].numel);
+    for (int k = 0; k < kinds; ++k) {
+      const Owned<P>& o = owned_of(buffers, k)[c];
+      if (o.lo > o.hi || o.hi > numel)
+        return cat("the ", kBufferName[k], " range [", o.lo, ", ", o.hi, ") of chunk ", c,
+                   " lies outside its ", numel, " elements");
+      if (o.hi > o.lo && !o.data)
+        return cat("the ", kBufferName[k], " buffer of chunk ", c, " is missing");
+    }
+    for (const auto& t : chunks[c].tensors) {
+      if (auto problem = tensor_problem(t, chunks[c].numel, c); !problem.empty()) return problem;
+      auto [it, fresh] = known.emplace(t.name, t.global_shape);
+      if (!fresh && it->second != t.global_shape)
+        return cat(t.name, ": held twice on this rank with different shapes");
+      const bool primary = !t.tied_copy && holder(t);
+      if (saving && !primary) continue;
+      const std::int64_t first = t.offset, end = t.offset + numel_of(t.slabs);
+      for (int k = 0; k < kinds; ++k) {
+        const Owned<P>& o = owned_of(buffers, k)[c];
+        const std::int64_t lo = std::max(first, static_cast<std::int64_t>(o.lo));
+        const std::int64_t hi = std::min(end, static_cast<std::int64_t>(o.hi));
+        if (lo >= hi) continue;
+        Holding h;
+        h.kind = k;
+        h.chunk = static_cast<int>(c);
+        h.spec = &t;
+        h.boxes = boxes_of_slabs_range(t.slabs, lo - first, hi - first);
+        h.numel = hi - lo;
+        h.at = static_cast<std::size_t>(lo) - o.lo;
+        h.primary = primary;
+        out.push_back(std::move(h));
+      }
+    }
+  }
+  if (saving) {  // one writer of each part: a tensor is written from one place on a rank
+    std::map<std::pair<int, std::string>, int> count;
+    for (const auto& h : out)
+      if (++count[{h.kind, h.spec->name}] > 1)
+        return cat(h.spec->name,
+                   ": held twice on this rank (only the pipeline's tied copy of "
+                   "wte may be, and it is never written)");
+  }
+  return {};
+}
+
+// Every rank learns every tensor of the model (the union of all layouts) by name.
+std::map<std::string, Shape> gather_names(MPI_Comm comm, const std::map<std::string, Shape>& known,
+                                          const std::string& where) {
+  Packer mine;
+  for (const auto& [name, shape] : known) {
+    mine.str(name);
+    mine.shape(shape);
+  }
+  const std::string all = allgather_bytes(comm, mine.bytes, where);
+  std::map<std::string, Shape> names;
+  std::string error;
+  for (Unpacker in(all.data(), all.size()); !in.done();) {
+    std::string name = in.str();
+    Shape shape = in.shape();
+    auto [it, fresh] = names.emplace(name, shape);
+    if (!fresh && it->second != shape && error.empty())
+      error = cat(name, ": ranks disagree on its global shape (", format_shape(it->second), " and ",
+                  format_shape(shape), ")");
+  }
+  agree(comm, error.empty() ? "" : where + error);
+  return names;
+}
+
+// The moments exist on every rank or on none.
+void agree_on_moments(MPI_Comm comm, bool moments, const std::string& where) {
+  int mine[2] = {moments ? 1 : 0, moments ? 0 : 1}, both[2];
+  MPI_Allreduce(mine, both, 2, MPI_INT, MPI_MAX, comm);
+  PTRAIN_REQUIRE(!(both[0] && both[1]), where,
+                 "some ranks have optimizer moments (m, v) and others have none");
+}
+
+// One dataset as this rank sees it, in the common order (kind, then name).
+struct DatasetPlan {
+  int kind = 0;
+  std::string name;
+  Shape shape;
+  std::vector<const Holding*> holdings;  // this rank's, their elements back to back
+  std::vector<Transfer> transfers;
+  std::int64_t numel = 0;  // of the holdings
+  std::int64_t calls = 0;  // collective H5Dread/H5Dwrite calls (max over ranks)
+  std::string path() const { return cat("/", kGroup[kind], "/", name); }
+};
+
+std::vector<DatasetPlan> make_plans(MPI_Comm comm, const std::map<std::string, Shape>& names,
+                                    const std::vector<Holding>& holdings, int kinds) {
+  std::vector<DatasetPlan> plans;
+  std::map<std::pair<int, std::string>, std::size_t> index;
+  for (int k = 0; k < kinds; ++k)
+    for (const auto& [name, shape] : names) {
+      index[{k, name}] = plans.size();
+      DatasetPlan p;
+      p.kind = k;
+      p.name = name;
+      p.shape = shape;
+      plans.push_back(std::move(p));
+    }
+  for (const auto& h : holdings) plans[index.at({h.kind, h.spec->name})].holdings.push_back(&h);
+  std::vector<std::int64_t> calls;
+  for (auto& p : plans) {
+    for (const Holding* h : p.holdings) {
+      for (auto& t : transfers_of(h->boxes, p.numel)) p.transfers.push_back(std::move(t));
+      p.numel += h->numel;
+    }
+    calls.push_back(static_cast<std::int64_t>(p.transfers.size()));
+  }
+  max_over_ranks(comm, calls);
+  for (std::size_t i = 0; i < plans.size(); ++i) plans[i].calls = calls[i];
+  return plans;
+}
+
+// ---- the file's catalogue and state -------------------------------------------------------
+
+std::string checkpoint_version_problem(const std::string& path,
+                                       const std::map<std::string, std::string>& attributes) {
+  auto version = attributes.find("format_version");
+  if (version == attributes.end())
+    return cat(path, ": not a ptrain checkpoint (no format_version attribute)");
+  if (version->second == kWeightsFormatVersion)
+    return cat(path,
+               ": is a weights file (format_version 1: parameters only), not a training "
+               "checkpoint; start from it with model%init_from instead");
+  if (version->second != kCheckpointFormatVersion)
+    return cat(path, ": format_version ", version->second,
+               " is not supported (this ptrain reads checkpoints of format_version ",
+               kCheckpointFormatVersion, ")");
+  return {};
+}
+
+Catalog checkpoint_catalog(MPI_Comm comm, const std::string& path) {
+  return shared_catalog(comm, path, {"model", "optim/m", "optim/v"},
+                        [&](const std::map<std::string, std::string>& attributes) {
+                          return checkpoint_version_problem(path, attributes);
+                        });
+}
+
+// Why the file cannot restart this model and optimizer (the first problem found), or "".
+std::string catalog_problem(const std::string& path, const Catalog& file,
+                            const std::map<std::string, Shape>& names, bool moments) {
+  if (!file.error.empty()) return file.error;
+  if (!file.groups.count("model")) return cat(path, ": no group /model (not a ptrain checkpoint)");
+  const bool has_m = file.groups.count("optim/m"), has_v = file.groups.count("optim/v");
+  if (!moments && (has_m || has_v))
+    return cat(path,
+               ": holds optimizer moments (/optim/m, /optim/v) but this run's optimizer "
+               "keeps none (SGD); restart with the optimizer that wrote it (AdamW)");
+  if (moments && !has_m && !has_v)
+    return cat(path,
+               ": holds no optimizer moments (written by an optimizer without them, SGD) "
+               "but this run's optimizer needs m and v (AdamW)");
+  if (moments && (!has_m || !has_v))
+    return cat(path, ": no group /", has_m ? "optim/v" : "optim/m", " (the file is incomplete)");
+  for (int k = 0; k < (moments ? kKinds : 1); ++k) {
+    const auto& datasets = file.groups.at(kGroup[k]);
+    for (const auto& [name, shape] : names) {
+      const std::string dset = cat("/", kGroup[k], "/", name);
+      auto it = datasets.find(name);
+      if (it == datasets.end())
+        return cat(path, ": no dataset ", dset, " (the model needs shape ", format_shape(shape),
+                   ")");
+      const FileDataset& d = it->second;
+      if (d.shape != shape)
+        return cat(path, ": ", dset, " has shape ", format_shape(d.shape), ", the model needs ",
+                   format_shape(shape));
+      if (!d.is_float()) return cat(path, ": ", dset, " is not a float32 or float64 dataset");
+      if (!d.has_checksum)
+        return cat(path, ": ", dset, " has no checksum attribute (not written by ptrain)");
+    }
+    for (const auto& [name, d] : datasets)
+      if (!names.count(name))
+        return cat(path, ": /", kGroup[k], "/", name,
+                   " is not a tensor of this model (the checkpoint is of another model)");
+  }
+  return {};
+}
+
+// The scalars of /state: name, HDF5 file type, and how the value is read back.
+enum class ScalarType { i64, u64, f64 };
+struct StateField {
+  const char* name;
+  ScalarType type;
+};
+constexpr StateField kStateFields[] = {{"step", ScalarType::i64},
+                                       {"consumed_samples", ScalarType::i64},
+                                       {"optimizer_t", ScalarType::i64},
+                                       {"seed", ScalarType::u64},
+                                       {"lr", ScalarType::f64}};
+
+// The state's fields as 64-bit patterns, in kStateFields order.
+std::vector<std::uint64_t> state_bits(const CheckpointState& s) {
+  return {bits_of(s.step), bits_of(s.consumed_samples), bits_of(s.optimizer_t), bits_of(s.seed),
+          bits_of(s.lr)};
+}
+CheckpointState state_from_bits(const std::vector<std::uint64_t>& b) {
+  CheckpointState s;
+  std::memcpy(&s.step, &b[0], 8);
+  std::memcpy(&s.consumed_samples, &b[1], 8);
+  std::memcpy(&s.optimizer_t, &b[2], 8);
+  std::memcpy(&s.seed, &b[3], 8);
+  std::memcpy(&s.lr, &b[4], 8);
+  return s;
+}
+
+hid_t native_of(ScalarType t) {
+  return t == ScalarType::i64   ? H5T_NATIVE_INT64
+         : t == ScalarType::u64 ? H5T_NATIVE_UINT64
+                                : H5T_NATIVE_DOUBLE;
+}
+hid_t file_type_of(ScalarType t) {
+  return t == ScalarType::i64   ? H5T_STD_I64LE
+         : t == ScalarType::u64 ? H5T_STD_U64LE
+                                : H5T_IEEE_F64LE;
+}
+
+// Reads and verifies /state serially (rank 0): packed "error" or the fields' bits.
+std::string read_state(const std::string& path) {
+  Packer out;
+  try {
+    auto file = open_serial(path);
+    if (H5Lexists(file.get(), "state", H5P_DEFAULT) <= 0)
+      throw Error(cat(path, ": no group /state (not a ptrain checkpoint)"));
+    std::vector<std::uint64_t> bits;
+    for (const auto& f : kStateFields) {
+      const std::string what = cat(path, ": /state/", f.name);
+      const std::string link = cat("state/", f.name);
+      if (H5Lexists(file.get(), link.c_str(), H5P_DEFAULT) <= 0)
+        throw Error(cat(path, ": no dataset /state/", f.name));
+      auto dset = h5::dataset(H5Dopen2(file.get(), link.c_str(), H5P_DEFAULT), what);
+      auto space = h5::space(H5Dget_space(dset.get()), what);
+      auto type = h5::type(H5Dget_type(dset.get()), what);
+      const H5T_class_t cls = H5Tget_class(type.get());
+      const bool right_class = f.type == ScalarType::f64 ? cls == H5T_FLOAT : cls == H5T_INTEGER;
+      if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR || !right_class ||
+          H5Tget_size(type.get()) != 8)
+        throw Error(cat(what, " is not a scalar ",
+                        f.type == ScalarType::f64 ? "float64" : "64-bit integer"));
+      std::uint64_t b = 0;  // read in the field's own type: its bit pattern is what is hashed
+      h5::check(H5Dread(dset.get(), native_of(f.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, &b),
+                what + ": read");
+      if (H5Aexists(dset.get(), "checksum") <= 0)
+        throw Error(cat(what, " has no checksum attribute (not written by ptrain)"));
+      std::uint64_t stored = 0;
+      auto attr = h5::attribute(H5Aopen(dset.get(), "checksum", H5P_DEFAULT), what);
+      h5::check(H5Aread(attr.get(), H5T_NATIVE_UINT64, &stored), what + ": checksum");
+      if (element_hash(0, b) != stored)
+        throw Error(cat(what, " checksum mismatch: the data is corrupted"));
+      bits.push_back(b);
+    }
+    out.str("");
+    for (auto b : bits) out.u64(b);
+  } catch (const std::exception& e) {
+    out = Packer();
+    out.str(e.what());
+  }
+  return out.bytes;
+}
+
+// /state of `path` on every rank; throws the same error on every rank.
+CheckpointState shared_state(MPI_Comm comm, const std::string& path) {
+  std::string bytes;
+  if (rank_of(comm) == 0) bytes = read_state(path);
+  bytes = broadcast_string(comm, 0, std::move(bytes));
+  Unpacker in(bytes.data(), bytes.size());
+  const std::string error = in.str();
+  if (!error.empty()) throw Error(error);
+  std::vector<std::uint64_t> bits;
+  for (std::size_t i = 0; i < std::size(kStateFields); ++i) bits.push_back(in.u64());
+  return state_from_bits(bits);
+}
+
+// ---- collective reads (load, and the verification after a save) ---------------------------
+
+struct ReadTotals {
+  std::vector<std::uint64_t> checksum;  // per plan: of the primary holdings, summed over ranks
+  std::vector<std::int64_t> counted;    // per plan: elements those hold, summed over ranks
+  std::int64_t bytes = 0;               // read by all ranks
+};
+
+// Reads one dataset's holdings for this rank (elements of the file's type U), sums the
+// checksum of the primary ones and converts into staging[kind][chunk] when given.
+template <class U, class T>
+void read_plan(const DatasetPlan& p, hid_t dset, hid_t dxpl, const std::string& what,
+               std::vector<std::vector<std::vector<T>>>* staging, std::uint64_t& checksum,
+               std::int64_t& counted) {
+  auto filespace = h5::space(H5Dget_space(dset), what);
+  std::vector<U> raw(static_cast<std::size_t>(p.numel));
+  WorkspaceCharge charge(raw.size() * sizeof(U));
+  for_each_transfer(
+      p.transfers, p.calls, filespace.get(), what, [&](const Transfer* t, hid_t fsel, hid_t msel) {
+        void* ptr = t ? static_cast<void*>(raw.data() + t->offset) : empty_selection_buffer();
+        h5::check(H5Dread(dset, native_type<U>(), msel, fsel, dxpl, ptr), cat(what, ": read"));
+      });
+  std::int64_t offset = 0;
+  for (const Holding* h : p.holdings) {
+    const U* src = raw.data() + offset;
+    if (h->primary) {
+      checksum += boxes_checksum(p.shape, h->boxes, src);
+      counted += h->numel;
+    }
+    if (staging) {
+      T* dst =
+          (*staging)[static_cast<std::size_t>(h->kind)][static_cast<std::size_t>(h->chunk)].data() +
+          h->at;
+      for (std::int64_t j = 0; j < h->numel; ++j) dst[j] = static_cast<T>(src[j]);
+    }
+    offset += h->numel;
+  }
+}
+
+template <class T>
+ReadTotals read_holdings(const std::string& path, MPI_Comm comm,
+                         const std::vector<DatasetPlan>& plans, const Catalog& catalog,
+                         std::vector<std::vector<std::vector<T>>>* staging,
+                         const std::string& where) {
+  ReadTotals r;
+  r.checksum.assign(plans.size(), 0);
+  r.counted.assign(plans.size(), 0);
+  {
+    auto file = open_parallel(path, comm, where);
+    auto dxpl = collective_transfer_plist(where + "transfer");
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      const DatasetPlan& p = plans[i];
+      const std::string what = cat(path, ": ", p.path());
+      auto dset = h5::dataset(H5Dopen2(file.get(), p.path().c_str(), H5P_DEFAULT), what);
+      const int bytes = catalog.groups.at(kGroup[p.kind]).at(p.name).elem_bytes;
+      if (bytes == 4)
+        read_plan<float>(p, dset.get(), dxpl.get(), what, staging, r.checksum[i], r.counted[i]);
+      else
+        read_plan<double>(p, dset.get(), dxpl.get(), what, staging, r.checksum[i], r.counted[i]);
+      r.bytes += p.numel * bytes;
+    }
+  }
+  sum_over_ranks(comm, r.checksum);
+  sum_over_ranks(comm, r.counted);
+  std::vector<std::int64_t> bytes{r.bytes};
+  sum_over_ranks(comm, bytes);
+  r.bytes = bytes[0];
+  return r;
+}
+
+// Checks coverage and checksums (the same on every rank): throws naming the first bad dataset.
+void check_totals(const std::string& path, const std::vector<DatasetPlan>& plans,
+                  const ReadTotals& r, const Catalog& catalog, const std::string& where) {
+  std::string first_bad;
+  std::size_t n_bad = 0;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const DatasetPlan& p = plans[i];
+    PTRAIN_REQUIRE(r.counted[i] == product(p.shape), where, "the ranks chosen to verify ", p.path(),
+                   " read ", r.counted[i], " of its ", product(p.shape),
+                   " elements (the owned ranges and the holder predicate must choose each "
+                   "element exactly once)");
+    if (r.checksum[i] != catalog.groups.at(kGroup[p.kind]).at(p.name).checksum && n_bad++ == 0)
+      first_bad = p.path();
+  }
+  if (n_bad > 0)
+    throw Error(cat(path, ": ", first_bad, " checksum mismatch: the data is corrupted",
+                    n_bad > 1 ? cat(" (and ", n_bad - 1, " more tensors)") : std::string()));
+}
+
+// ---- writing ------------------------------------------------------------------------------
+
+// A scalar written by rank 0 in a collective call (the others select nothing).
+void write_scalar(hid_t group, const StateField& f, std::uint64_t bits, hid_t dxpl, bool root,
+                  const std::string& what) {
+  auto dset = create_dataset(group, f.name, file_type_of(f.type), {}, what);
+  write_checksum_attribute(dset.get(), element_hash(0, bits), what);
+  auto fsel = h5::space(H5Screate(H5S_SCALAR), what);
+  auto msel = h5::space(H5Screate(H5S_SCALAR), what);
+  if (!root) {
+    h5::check(H5Sselect_none(fsel.get()), what);
+    h5::check(H5Sselect_none(msel.get()), what);
+  }
+  h5::check(H5Dwrite(dset.get(), native_of(f.type), msel.get(), fsel.get(), dxpl, &bits),
+            what + ": write");
+  dset.close(what);
+}
+
+template <class T>
+void write_file(const std::string& path, MPI_Comm comm, const std::vector<DatasetPlan>& plans,
+                const Buffers<const T>& buffers, const std::vector<std::uint64_t>& checksum,
+                const CheckpointState& state, const std::map<std::string, std::string>& attributes,
+                const std::string& where) {
+  auto file = create_parallel(path, comm, where);
+  write_string_attribute(file.get(), "format_version", kCheckpointFormatVersion, path);
+  write_string_attribute(file.get(), "checksum_algorithm", kChecksumAlgorithm, path);
+  for (const auto& [k, v] : attributes) write_string_attribute(file.get(), k, v, path);
+  auto make_group = [&](hid_t parent, const char* name, const std::string& what) {
+    return h5::group(H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), what);
+  };
+  std::vector<h5::Handle> groups;
+  groups.push_back(make_group(file.get(), "model", path + ": /model"));
+  h5::Handle optim;
+  if (buffers.moments) {
+    optim = make_group(file.get(), "optim", path + ": /optim");
+    groups.push_back(make_group(optim.get(), "m", path + ": /optim/m"));
+    groups.push_back(make_group(optim.get(), "v", path + ": /optim/v"));
+  }
+  auto dxpl = collective_transfer_plist(where + "transfer");
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const DatasetPlan& p = plans[i];
+    const std::string what = cat(path, ": ", p.path());
+    auto dset = create_dataset(groups[static_cast<std::size_t>(p.kind)].get(), p.name,
+                               file_type<T>(), p.shape, what);
+    write_checksum_attribute(dset.get(), checksum[i], what);
+    auto space = h5::space(H5Dget_space(dset.get()), what);
+    const T* base = nullptr;  // a save plan has at most one holding (collect_holdings)
+    if (!p.holdings.empty()) {
+      const Holding& h = *p.holdings.front();
+      base = owned_of(buffers, h.kind)[static_cast<std::size_t>(h.chunk)].data + h.at;
+    }
+    for_each_transfer(
+        p.transfers, p.calls, space.get(), what, [&](const Transfer* t, hid_t fsel, hid_t msel) {
+          const void* ptr =
+              t ? static_cast<const void*>(base + t->offset) : empty_selection_buffer();
+          h5::check(H5Dwrite(dset.get(), native_type<T>(), msel, fsel, dxpl.get(), ptr),
+                    what + ": write");
+        });
+    dset.close(what);
+  }
+  auto state_group = make_group(file.get(), "state", path + ": /state");
+  const auto bits = state_bits(state);
+  for (std::size_t i = 0; i < bits.size(); ++i)
+    write_scalar(state_group.get(), kStateFields[i], bits[i], dxpl.get(), rank_of(comm) == 0,
+                 cat(path, ": /state/", kStateFields[i].name));
+  state_group.close(path + ": /state");
+  for (auto& g : groups) g.close(path + ": group");
+  if (optim) optim.close(path + ": /optim");
+  file.close(path);
+}
+
+// ---- the folder: names, sync, rename, prune -----------------------------------------------
+
+std::string in_folder(const std::string& dir, const std::string& name) {
+  return (fs::path(dir.empty() ? "." : dir) / name).string();
+}
+
+// The step of "ckpt_<digits>.h5", or -1.
+std::int64_t step_of_name(const std::string& name) {
+  const std::string head = "ckpt_", tail = ".h5";
+  if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+      name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+    return -1;
+  const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stoll(digits);
+}
+bool is_temporary_name(const std::string& name) {
+  const std::string tail = ".h5.tmp";
+  return name.size() > tail.size() && name[0] == '.' &&
+         step_of_name(name.substr(1, name.size() - 1 - 4)) >= 0 &&
+         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// fsync of a file or folder; the data of a renamed file must be on disk before its name.
+void sync_path(const std::string& path, bool folder) {
+  const int fd = open(path.c_str(), folder ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw Error(cat(path, ": cannot open to sync: ", std::strerror(errno)));
+  const int rc = fsync(fd);
+  const int err = errno;
+  close(fd);
+  // Some file systems cannot sync a folder (EINVAL): the rename is then as durable as it gets.
+  if (rc != 0 && !(folder && err == EINVAL))
+    throw Error(cat(path, ": sync failed: ", std::strerror(err)));
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec) throw Error(cat("cannot rename ", from, " to ", to, ": ", ec.message()));
+}
+
+// Rank 0, after verification: publish the file, point `latest` at it, prune the folder.
+// Returns the removed files.
+std::vector<std::string> publish(const std::string& dir, const std::string& tmp,
+                                 const std::string& name, int keep) {
+  const std::string final_path = in_folder(dir, name);
+  sync_path(tmp, false);
+  rename_path(tmp, final_path);
+  const std::string pointer = in_folder(dir, "latest"), pointer_tmp = in_folder(dir, "latest.tmp");
+  {
+    std::ofstream out(pointer_tmp, std::ios::trunc);
+    out << name << "\n";
+    out.close();
+    if (!out) throw Error(cat(pointer_tmp, ": cannot write"));
+  }
+  sync_path(pointer_tmp, false);
+  rename_path(pointer_tmp, pointer);
+  sync_path(dir.empty() ? "." : dir, true);
+
+  // Keep the file just written and, of the others, the keep - 1 of the highest steps.
+  std::vector<std::pair<std::int64_t, std::string>> others;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir.empty() ? "." : dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n == name || !entry.is_regular_file()) continue;
+    if (const auto s = step_of_name(n); s >= 0) others.emplace_back(s, n);
+    if (is_temporary_name(n)) removed.push_back(n);  // left by a crashed save
+  }
+  if (ec) throw Error(cat(dir, ": cannot list the checkpoint folder: ", ec.message()));
+  std::sort(others.rbegin(), others.rend());
+  for (std::size_t i = static_cast<std::size_t>(keep - 1); i < others.size(); ++i)
+    removed.push_back(others[i].second);
+  for (const auto& n : removed) {
+    fs::remove(in_folder(dir, n), ec);
+    if (ec) throw Error(cat(in_folder(dir, n), ": cannot remove: ", ec.message()));
+  }
+  return removed;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+// ---- public API ----------------------------------------------------------------------------
+
+std::string checkpoint_file_name(std::int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "ckpt_%08lld.h5", static_cast<long long>(step));
+  return buf;
+}
+
+std::string resolve_checkpoint(const std::string& restart, const std::string& dir) {
+  if (restart.empty()) throw Error("no checkpoint to restart from was named (restart is empty)");
+  if (restart != "latest") return restart;
+  const std::string pointer = in_folder(dir, "latest");
+  std::error_code ec;
+  if (!fs::is_regular_file(pointer, ec))
+    throw Error(cat(pointer, ": no checkpoint to restart from (restart = 'latest' but ",
+                    dir.empty() ? "." : dir, " has no 'latest' pointer)"));
+  std::ifstream in(pointer);
+  std::string name;
+  std::getline(in, name);
+  if (!in && !in.eof()) throw Error(cat(pointer, ": cannot read"));
+  const auto first = name.find_first_not_of(" \t\r\n"), last = name.find_last_not_of(" \t\r\n");
+  name = first == std::string::npos ? "" : name.substr(first, last - first + 1);
+  if (name.empty()) throw Error(cat(pointer, ": is empty (it should name a checkpoint file)"));
+  const std::string target = fs::path(name).is_absolute() ? name : in_folder(dir, name);
+  if (!fs::exists(target, ec))
+    throw Error(cat(pointer, " points at ", name, ", which does not exist"));
+  return target;
+}
+
+template <class T>
+SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
+                           const std::vector<ChunkLayout>& chunks, const Buffers<const T>& buffers,
+                           const TensorPredicate& holder, const CheckpointState& state,
+                           const std::map<std::string, std::string>& attributes, int keep) {
+  h5::QuietErrors quiet;
+  const double t0 = MPI_Wtime();
+  const bool root = rank_of(comm) == 0;
+  const std::string name = checkpoint_file_name(state.step);
+  const std::string tmp = in_folder(dir, "." + name + ".tmp");
+  const std::string where = cat("save_checkpoint ", in_folder(dir, name), ": ");
+
+  // 1. What this rank writes; every rank agrees on the datasets, attributes and state.
+  std::vector<Holding> holdings;
+  std::map<std::string, Shape> known;
+  std::string error;
+  if (keep < 1) error = cat("keep = ", keep, ": at least the newest checkpoint must be kept");
+  if (error.empty() && state.step < 0) error = cat("the step ", state.step, " is negative");
+  for (const char* reserved : {"format_version", "checksum_algorithm"})
+    if (error.empty() && attributes.count(reserved))
+      error = cat("the attribute name '", reserved, "' is reserved");
+  if (error.empty()) error = collect_holdings(chunks, buffers, holder, true, holdings, known);
+  agree(comm, error.empty() ? "" : where + error);
+  agree_on_moments(comm, buffers.moments, where);
+  const auto names = gather_names(comm, known, where);
+  {
+    Packer a;
+    for (const auto& [k, v] : attributes) {
+      a.str(k);
+      a.str(v);
+    }
+    require_same_on_all_ranks(comm, a.bytes, where, "the attributes");
+    Packer s;
+    for (auto b : state_bits(state)) s.u64(b);
+    s.i64(keep);
+    require_same_on_all_ranks(comm, s.bytes, where, "the state (step, samples, t, seed, lr, keep)");
+  }
+
+  // 2. Checksums and coverage, reduced once for all datasets before anything is written.
+  const auto plans = make_plans(comm, names, holdings, kinds_of(buffers));
+  const std::size_t n = plans.size();
+  std::vector<std::uint64_t> checksum(n, 0);
+  std::vector<std::int64_t> written(n, 0);
+  SaveReport report;
+  report.data_bytes = static_cast<std::int64_t>(std::size(kStateFields)) * 8;
+  for (std::size_t i = 0; i < n; ++i) {
+    const DatasetPlan& p = plans[i];
+    report.data_bytes += product(p.shape) * static_cast<std::int64_t>(sizeof(T));
+    for (const Holding* h : p.holdings) {
+      const T* data = owned_of(buffers, h->kind)[static_cast<std::size_t>(h->chunk)].data + h->at;
+      checksum[i] += boxes_checksum(p.shape, h->boxes, data);
+      written[i] += h->numel;
+    }
+  }
+  sum_over_ranks(comm, checksum);
+  sum_over_ranks(comm, written);
+  for (std::size_t i = 0; i < n; ++i)
+    PTRAIN_REQUIRE(written[i] == product(plans[i].shape), where, "the ranks chosen to write ",
+                   plans[i].path(), " hold ", written[i], " of its ", product(plans[i].shape),
+                   " elements (the owned ranges and the holder predicate must choose each "
+                   "element exactly once)");
+
+  // 3. The folder (made when missing) and the date, by rank 0 for everyone.
+  std::map<std::string, std::string> attrs = attributes;
+  std::string date;
+  error.clear();
+  if (root) {
+    std::error_code ec;
+    if (!dir.empty()) fs::create_directories(dir, ec);
+    error =
+        ec ? cat(where, "cannot create the folder ", dir, ": ", ec.message()) : folder_problem(tmp);
+    date = utc_now();
+  }
+  agree(comm, error);
+  if (!attrs.count("date")) attrs["date"] = broadcast_string(comm, 0, date);
+
+  // 4. Collective write of the temporary file.
+  write_file<T>(tmp, comm, plans, buffers, checksum, state, attrs, where);
+  MPI_Barrier(comm);  // every rank's part is in the file before anyone reads it back
+  const double t1 = MPI_Wtime();
+
+  // 5. Verify: what the load path checks, over the parts each rank wrote.
+  try {
+    const Catalog catalog = checkpoint_catalog(comm, tmp);
+    std::string problem = catalog_problem(tmp, catalog, names, buffers.moments);
+    for (std::size_t i = 0; problem.empty() && i < n; ++i)
+      if (catalog.groups.at(kGroup[plans[i].kind]).at(plans[i].name).checksum != checksum[i])
+        problem = cat(tmp, ": ", plans[i].path(), " has the wrong checksum attribute");
+    if (!problem.empty()) throw Error(problem);
+    if (state_bits(shared_state(comm, tmp)) != state_bits(state))
+      throw Error(cat(tmp, ": /state reads back other values than were written"));
+    const auto totals =
+        read_holdings<T>(tmp, comm, plans, catalog, nullptr, where + "verification: ");
+    check_totals(tmp, plans, totals, catalog, where);
+  } catch (const Error& e) {
+    if (root) std::remove(tmp.c_str());
+    throw Error(cat(where, "verification of the written file failed (file removed): ", e.what()));
+  }
+  const double t2 = MPI_Wtime();
+
+  // 6. Publish: rename, `latest`, prune (rank 0), then everyone learns how it went.
+  std::vector<std::string> removed;
+  error.clear();
+  std::int64_t file_bytes = 0;
+  if (root) {
+    try {
+      std::error_code ec;
+      file_bytes = static_cast<std::int64_t>(fs::file_size(tmp, ec));
+      removed = publish(dir, tmp, name, keep);
+    } catch (const std::exception& e) {
+      error = where + e.what();
+    }
+  }
+  agree(comm, error);
+  Packer r;
+  r.i64(file_bytes);
+  for (const auto& f : removed) r.str(f);
+  const std::string bytes = broadcast_string(comm, 0, r.bytes);
+  Unpacker in(bytes.data(), bytes.size());
+  report.file_bytes = in.i64();
+  while (!in.done()) report.removed.push_back(in.str());
+  report.path = in_folder(dir, name);
+  report.write_seconds = t1 - t0;
+  report.verify_seconds = t2 - t1;
+  report.seconds = MPI_Wtime() - t0;
+  return report;
+}
+
+template <class T>
+CheckpointState load_checkpoint(const std::string& restart, const std::string& dir, MPI_Comm comm,
+                                const std::vector<ChunkLayout>& chunks, const Buffers<T>& buffers,
+                                const TensorPredicate& holder, CheckpointLoadReport* report) {
+  h5::QuietErrors quiet;
+  const double t0 = MPI_Wtime();
+  // 1. The file (rank 0 resolves 'latest' for everyone).
+  std::string path, error;
+  if (rank_of(comm) == 0) {
+    try {
+      path = resolve_checkpoint(restart, dir);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(comm, error);
+  path = broadcast_string(comm, 0, path);
+  const std::string where = cat("load_checkpoint ", path, ": ");
+
+  // 2. What this rank needs, the model's tensors, what the file holds and its state.
+  std::vector<Holding> holdings;
+  std::map<std::string, Shape> known;
+  error = collect_holdings(chunks, buffers, holder, false, holdings, known);
+  agree(comm, error.empty() ? "" : where + error);
+  agree_on_moments(comm, buffers.moments, where);
+  const auto names = gather_names(comm, known, where);
+  const Catalog catalog = checkpoint_catalog(comm, path);
+  if (auto problem = catalog_problem(path, catalog, names, buffers.moments); !problem.empty())
+    throw Error(problem);  // the same on every rank
+  const CheckpointState state = shared_state(comm, path);
+  const auto plans = make_plans(comm, names, holdings, kinds_of(buffers));
+
+  // 3. Collective reads into staging copies of the owned ranges (padding stays zero), then
+  // the checksums: every problem is found before the caller's buffers change.
+  const int kinds = kinds_of(buffers);
+  std::vector<std::vector<std::vector<T>>> staging(static_cast<std::size_t>(kinds));
+  std::size_t staging_bytes = 0;
+  for (int k = 0; k < kinds; ++k)
+    for (const auto& o : owned_of(buffers, k)) {
+      staging[static_cast<std::size_t>(k)].emplace_back(o.hi - o.lo, T(0));
+      staging_bytes += (o.hi - o.lo) * sizeof(T);
+    }
+  WorkspaceCharge charge(staging_bytes);
+  const auto totals = read_holdings<T>(path, comm, plans, catalog, &staging, where);
+  check_totals(path, plans, totals, catalog, where);
+
+  // 4. Only now the caller's buffers change.
+  for (int k = 0; k < kinds; ++k)
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const auto& src = staging[static_cast<std::size_t>(k)][c];
+      std::copy(src.begin(), src.end(), owned_of(buffers, k)[c].data);
+    }
+  if (report) {
+    bool any4 = false, any8 = false;
+    for (const auto& p : plans)
+      (catalog.groups.at(kGroup[p.kind]).at(p.name).elem_bytes == 4 ? any4 : any8) = true;
+    report->path = path;
+    report->file_dtype = any4 && any8 ? "mixed" : any8 ? "fp64" : "fp32";
+    report->attributes = catalog.attributes;
+    report->bytes_read = totals.bytes;
+    report->seconds = MPI_Wtime() - t0;
+  }
+  return state;
+}
+
+#define PTRAIN_CKPT_INSTANTIATE(T)                                                                 \
+  template SaveReport save_checkpoint<T>(const std::string&, MPI_Comm,                             \
+                                         const std::vector<ChunkLayout>&, const Buffers<const T>&, \
+                                         const TensorPredicate&, const CheckpointState&,           \
+                                         const std::map<std::string, std::string>&, int);          \
+  template CheckpointState load_checkpoint<T>(const std::string&, const std::string&, MPI_Comm,    \
+                                              const std::vector<ChunkLayout>&, const Buffers<T>&,  \
+                                              const TensorPredicate&, CheckpointLoadReport*);
+PTRAIN_CKPT_INSTANTIATE(float)
+PTRAIN_CKPT_INSTANTIATE(double)
+#undef PTRAIN_CKPT_INSTANTIATE
+
+}  // namespace ptrain::ckpt

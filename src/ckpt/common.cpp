@@ -1,0 +1,506 @@
+#include "ckpt/common.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+#include "util/memory.hpp"
+
+namespace ptrain::ckpt::detail {
+
+using model::TensorSpec;
+
+const char* const kChecksumAlgorithm =
+    "ptrain-hash64-v1: sum mod 2^64 over elements of "
+    "mix64(mix64(i + 0x9e3779b97f4a7c15) ^ bits(x_i)), i the global row-major index, "
+    "bits the stored IEEE bit pattern zero-extended to 64 bits, mix64 the splitmix64 finaliser";
+
+// ---- shapes and blocks ---------------------------------------------------------------------
+
+std::int64_t product(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto x : s) n *= x;
+  return n;
+}
+
+std::string format_shape(const Shape& s) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) out += cat(i ? ", " : "", s[i]);
+  return out + ")";
+}
+
+std::int64_t numel_of(const std::vector<Slab>& boxes) {
+  std::int64_t n = 0;
+  for (const auto& s : boxes) n += s.numel();
+  return n;
+}
+
+std::vector<hsize_t> to_hsize(const Shape& s) { return std::vector<hsize_t>(s.begin(), s.end()); }
+
+namespace {
+
+// Elements [b, e) of the sub-box of `box` whose dimensions below k are fixed at `at`
+// (global coordinates) and whose dimensions from k on are those of `box`.
+void range_boxes(const Slab& box, std::size_t k, Shape& at, std::int64_t b, std::int64_t e,
+                 std::vector<Slab>& out) {
+  const std::size_t d = box.count.size();
+  auto block = [&](std::int64_t first, std::int64_t rows) {  // rows [first, first+rows) at k
+    Slab s;
+    s.start = box.start;
+    s.count = box.count;
+    for (std::size_t j = 0; j < k; ++j) {
+      s.start[j] = at[j];
+      s.count[j] = 1;
+    }
+    s.start[k] = box.start[k] + first;
+    s.count[k] = rows;
+    out.push_back(std::move(s));
+  };
+  if (k + 1 == d) {
+    block(b, e - b);
+    return;
+  }
+  std::int64_t inner = 1;
+  for (std::size_t j = k + 1; j < d; ++j) inner *= box.count[j];
+  auto row = [&](std::int64_t r, std::int64_t rb, std::int64_t re) {
+    at[k] = box.start[k] + r;
+    range_boxes(box, k + 1, at, rb, re, out);
+  };
+  std::int64_t first = b / inner;
+  const std::int64_t last = e / inner;  // rows before it are whole up to e
+  if (first == last) {                  // inside one row
+    row(first, b - first * inner, e - first * inner);
+    return;
+  }
+  if (b % inner != 0) row(first++, b % inner, inner);  // partial first row
+  if (last > first) block(first, last - first);        // whole rows
+  if (e % inner != 0) row(last, 0, e % inner);         // partial last row
+}
+
+}  // namespace
+
+std::vector<Slab> boxes_of_range(const Slab& box, std::int64_t begin, std::int64_t end) {
+  std::vector<Slab> out;
+  if (begin >= end || box.count.empty()) return out;
+  Shape at(box.count.size(), 0);
+  range_boxes(box, 0, at, begin, end, out);
+  return out;
+}
+
+std::vector<Slab> boxes_of_slabs_range(const std::vector<Slab>& slabs, std::int64_t begin,
+                                       std::int64_t end) {
+  std::vector<Slab> out;
+  std::int64_t base = 0;
+  for (const auto& s : slabs) {
+    const std::int64_t n = s.numel();
+    const std::int64_t lo = std::max(begin, base), hi = std::min(end, base + n);
+    if (lo < hi)
+      for (auto& b : boxes_of_range(s, lo - base, hi - base)) out.push_back(std::move(b));
+    base += n;
+  }
+  return out;
+}
+
+std::string tensor_problem(const TensorSpec& t, std::int64_t chunk_numel, std::size_t c) {
+  if (t.global_shape.empty()) return cat(t.name, ": a tensor needs at least one dimension");
+  if (t.offset < 0 || t.offset + t.numel > chunk_numel)
+    return cat(t.name, ": elements [", t.offset, ", ", t.offset + t.numel, ") lie outside chunk ",
+               c, " of ", chunk_numel);
+  for (const auto& s : t.slabs) {
+    if (s.start.size() != t.global_shape.size() || s.count.size() != t.global_shape.size())
+      return cat(t.name, ": a slab has the wrong number of dimensions");
+    for (std::size_t k = 0; k < s.start.size(); ++k)
+      if (s.start[k] < 0 || s.count[k] < 0 || s.start[k] + s.count[k] > t.global_shape[k])
+        return cat(t.name, ": slab lies outside the global shape ", format_shape(t.global_shape));
+  }
+  if (numel_of(t.slabs) > t.numel)
+    return cat(t.name, ": slabs hold ", numel_of(t.slabs), " elements, the local tensor only ",
+               t.numel);
+  return {};
+}
+
+// ---- what ranks exchange ------------------------------------------------------------------
+
+std::uint64_t fnv1a(const std::string& bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+int rank_of(MPI_Comm comm) {
+  int r = 0;
+  MPI_Comm_rank(comm, &r);
+  return r;
+}
+
+std::string broadcast_string(MPI_Comm comm, int root, std::string s) {
+  long long n = static_cast<long long>(s.size());
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, root, comm);
+  s.resize(static_cast<std::size_t>(n));
+  if (n > 0) MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm);
+  return s;
+}
+
+std::string allgather_bytes(MPI_Comm comm, const std::string& mine, const std::string& where) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  int my_bytes = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
+  MPI_Allgather(&my_bytes, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
+  long long total = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    displs[r] = static_cast<int>(total);
+    total += counts[r];
+  }
+  PTRAIN_REQUIRE(total < (1LL << 31), where, "the tensor catalogue is too large (", total,
+                 " bytes)");
+  std::string all(static_cast<std::size_t>(total), '\0');
+  MPI_Allgatherv(mine.data(), my_bytes, MPI_CHAR, all.data(), counts.data(), displs.data(),
+                 MPI_CHAR, comm);
+  return all;
+}
+
+void agree(MPI_Comm comm, const std::string& local_error) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int mine = local_error.empty() ? size : rank, first = size;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == size) return;
+  throw Error(broadcast_string(comm, first, local_error));
+}
+
+void require_same_on_all_ranks(MPI_Comm comm, const std::string& bytes, const std::string& where,
+                               const std::string& what) {
+  // max(h) and ~min(h) in one reduction: equal extremes mean every rank has the same h.
+  std::uint64_t h[2] = {fnv1a(bytes), ~fnv1a(bytes)}, m[2];
+  MPI_Allreduce(h, m, 2, MPI_UINT64_T, MPI_MAX, comm);
+  PTRAIN_REQUIRE(m[0] == ~m[1], where, what, " differ between ranks");
+}
+
+void sum_over_ranks(MPI_Comm comm, std::vector<std::uint64_t>& v) {
+  if (!v.empty())
+    MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM, comm);
+}
+void sum_over_ranks(MPI_Comm comm, std::vector<std::int64_t>& v) {
+  if (!v.empty())
+    MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_SUM, comm);
+}
+void max_over_ranks(MPI_Comm comm, std::vector<std::int64_t>& v) {
+  if (!v.empty())
+    MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_MAX, comm);
+}
+
+WorkspaceCharge::WorkspaceCharge(std::size_t bytes) : bytes_(bytes) {
+  memory::add(MemCategory::workspace, bytes_);
+}
+WorkspaceCharge::~WorkspaceCharge() { memory::sub(MemCategory::workspace, bytes_); }
+
+// ---- collective hyperslab transfers -------------------------------------------------------
+
+namespace {
+// Row-major order of two corners of the same tensor.
+bool before(const Shape& a, const Shape& b) {
+  return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+}
+Shape last_corner(const Slab& s) {
+  Shape c = s.start;
+  for (std::size_t k = 0; k < c.size(); ++k) c[k] += s.count[k] - 1;
+  return c;
+}
+}  // namespace
+
+std::vector<Transfer> transfers_of(const std::vector<Slab>& boxes, std::int64_t offset) {
+  std::vector<Transfer> out;
+  for (const auto& s : boxes) {
+    const std::int64_t n = s.numel();
+    if (n == 0) continue;
+    const Slab* prev = out.empty() ? nullptr : out.back().boxes.back();
+    if (prev && before(last_corner(*prev), s.start)) {
+      out.back().boxes.push_back(&s);
+      out.back().numel += n;
+    } else {
+      out.push_back(Transfer{{&s}, offset, n});
+    }
+    offset += n;
+  }
+  return out;
+}
+
+h5::Handle collective_transfer_plist(const std::string& what) {
+  auto dxpl = h5::plist(H5Pcreate(H5P_DATASET_XFER), what);
+  h5::check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), what);
+  return dxpl;
+}
+
+void* empty_selection_buffer() {
+  static double dummy = 0;
+  return &dummy;
+}
+
+// ---- files --------------------------------------------------------------------------------
+
+void write_string_attribute(hid_t object, const std::string& name, const std::string& value,
+                            const std::string& what) {
+  auto type = h5::type(H5Tcopy(H5T_C_S1), what);
+  h5::check(H5Tset_size(type.get(), std::max<std::size_t>(value.size(), 1)), what);
+  h5::check(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), what);
+  h5::check(H5Tset_cset(type.get(), H5T_CSET_UTF8), what);
+  auto space = h5::space(H5Screate(H5S_SCALAR), what);
+  auto attr = h5::attribute(
+      H5Acreate2(object, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+      cat(what, ": attribute ", name));
+  const std::string padded = value.empty() ? std::string(1, '\0') : value;
+  h5::check(H5Awrite(attr.get(), type.get(), padded.data()), cat(what, ": attribute ", name));
+}
+
+std::string read_string_attr(hid_t attr, const std::string& what) {
+  auto type = h5::type(H5Aget_type(attr), what);
+  PTRAIN_REQUIRE(H5Tget_class(type.get()) == H5T_STRING, what, " is not a string");
+  const H5T_cset_t cset = H5Tget_cset(type.get());  // HDF5 does not convert between csets
+  if (H5Tis_variable_str(type.get()) > 0) {
+    auto mem = h5::type(H5Tcopy(H5T_C_S1), what);
+    h5::check(H5Tset_size(mem.get(), H5T_VARIABLE), what);
+    h5::check(H5Tset_cset(mem.get(), cset), what);
+    char* s = nullptr;
+    h5::check(H5Aread(attr, mem.get(), &s), what);
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const std::size_t n = H5Tget_size(type.get());
+  std::string out(n, '\0');
+  auto mem = h5::type(H5Tcopy(H5T_C_S1), what);
+  h5::check(H5Tset_size(mem.get(), n), what);
+  h5::check(H5Tset_strpad(mem.get(), H5T_STR_NULLPAD), what);
+  h5::check(H5Tset_cset(mem.get(), cset), what);
+  h5::check(H5Aread(attr, mem.get(), out.data()), what);
+  out.resize(std::strlen(out.c_str()));
+  return out;
+}
+
+void write_checksum_attribute(hid_t dataset, std::uint64_t checksum, const std::string& what) {
+  auto scalar = h5::space(H5Screate(H5S_SCALAR), what);
+  auto attr = h5::attribute(
+      H5Acreate2(dataset, "checksum", H5T_STD_U64LE, scalar.get(), H5P_DEFAULT, H5P_DEFAULT),
+      what + ": checksum");
+  h5::check(H5Awrite(attr.get(), H5T_NATIVE_UINT64, &checksum), what + ": checksum");
+}
+
+std::string folder_problem(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return cat(path, ": cannot create: folder ", dir.string(), " does not exist");
+  if (access(dir.c_str(), W_OK) != 0)
+    return cat(path, ": cannot create: folder ", dir.string(), " is not writable");
+  return {};
+}
+
+namespace {
+bool has_hdf5_signature(const std::string& path) {
+  static const char sig[8] = {'\211', 'H', 'D', 'F', '\r', '\n', '\032', '\n'};
+  std::ifstream in(path, std::ios::binary);
+  char head[8] = {};
+  in.read(head, 8);
+  return in.gcount() == 8 && std::memcmp(head, sig, 8) == 0;
+}
+}  // namespace
+
+h5::Handle open_serial(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) throw Error(cat(path, ": cannot open: ", std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) throw Error(cat(path, ": is a folder, not an HDF5 file"));
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) {
+    const std::string why = h5::last_error();
+    if (!has_hdf5_signature(path)) throw Error(cat(path, ": not an HDF5 file"));
+    throw Error(cat(path, ": HDF5 cannot read it (truncated or damaged file): ", why));
+  }
+  return h5::Handle(f, H5Fclose);
+}
+
+h5::Handle create_parallel(const std::string& path, MPI_Comm comm, const std::string& where) {
+  auto fapl = h5::plist(H5Pcreate(H5P_FILE_ACCESS), where + "file access");
+  h5::check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where + "MPI-IO driver");
+  h5::check(H5Pset_coll_metadata_write(fapl.get(), true), where + "collective metadata");
+  // The 1.8 format stores attributes larger than 64 KiB (a long deck) densely.
+  h5::check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), where + "format");
+  return h5::file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                  cat(path, ": cannot create"));
+}
+
+h5::Handle open_parallel(const std::string& path, MPI_Comm comm, const std::string& where) {
+  auto fapl = h5::plist(H5Pcreate(H5P_FILE_ACCESS), where + "file access");
+  h5::check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where + "MPI-IO driver");
+  h5::check(H5Pset_all_coll_metadata_ops(fapl.get(), true), where + "collective metadata");
+  return h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), cat(path, ": cannot open"));
+}
+
+h5::Handle create_dataset(hid_t parent, const std::string& name, hid_t type, const Shape& shape,
+                          const std::string& what) {
+  auto dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE), what + ": dataset creation");
+  h5::check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), what + ": fill time");
+  h5::check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), what + ": allocation time");
+  const auto dims = to_hsize(shape);
+  auto space =
+      shape.empty()
+          ? h5::space(H5Screate(H5S_SCALAR), what)
+          : h5::space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), what);
+  return h5::dataset(
+      H5Dcreate2(parent, name.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+      what + ": create");
+}
+
+// ---- catalogue ----------------------------------------------------------------------------
+
+std::string Catalog::pack() const {
+  Packer p;
+  p.str(error);
+  p.i64(static_cast<std::int64_t>(attributes.size()));
+  for (const auto& [k, v] : attributes) {
+    p.str(k);
+    p.str(v);
+  }
+  p.i64(static_cast<std::int64_t>(groups.size()));
+  for (const auto& [group, datasets] : groups) {
+    p.str(group);
+    p.i64(static_cast<std::int64_t>(datasets.size()));
+    for (const auto& [name, d] : datasets) {
+      p.str(name);
+      p.shape(d.shape);
+      p.i64(d.type_class);
+      p.i64(d.elem_bytes);
+      p.i64(d.has_checksum);
+      p.u64(d.checksum);
+    }
+  }
+  return p.bytes;
+}
+
+Catalog Catalog::unpack(const std::string& bytes) {
+  Unpacker in(bytes.data(), bytes.size());
+  Catalog c;
+  c.error = in.str();
+  for (auto n = in.i64(); n > 0; --n) {
+    std::string k = in.str();
+    c.attributes[k] = in.str();
+  }
+  for (auto g = in.i64(); g > 0; --g) {
+    auto& datasets = c.groups[in.str()];
+    for (auto n = in.i64(); n > 0; --n) {
+      std::string name = in.str();
+      FileDataset d;
+      d.shape = in.shape();
+      d.type_class = static_cast<char>(in.i64());
+      d.elem_bytes = static_cast<int>(in.i64());
+      d.has_checksum = in.i64() != 0;
+      d.checksum = in.u64();
+      datasets.emplace(std::move(name), d);
+    }
+  }
+  return c;
+}
+
+namespace {
+
+std::map<std::string, FileDataset> read_group(hid_t file, const std::string& path,
+                                              const std::string& group_name) {
+  std::map<std::string, FileDataset> out;
+  const std::string where = cat(path, ": /", group_name);
+  auto group = h5::group(H5Gopen2(file, group_name.c_str(), H5P_DEFAULT), where);
+  H5G_info_t info;
+  h5::check(H5Gget_info(group.get(), &info), where);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t len = H5Lget_name_by_idx(group.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr,
+                                           0, H5P_DEFAULT);
+    h5::check(static_cast<herr_t>(len < 0 ? -1 : 0), where);
+    std::string name(static_cast<std::size_t>(len) + 1, '\0');
+    H5Lget_name_by_idx(group.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
+                       H5P_DEFAULT);
+    name.resize(static_cast<std::size_t>(len));
+    const std::string what = cat(where, "/", name);
+    auto obj = h5::checked(H5Oopen(group.get(), name.c_str(), H5P_DEFAULT), H5Oclose, what);
+    if (H5Iget_type(obj.get()) != H5I_DATASET) continue;
+    FileDataset d;
+    auto space = h5::space(H5Dget_space(obj.get()), what);
+    const int nd = H5Sget_simple_extent_ndims(space.get());
+    h5::check(nd < 0 ? -1 : 0, what);
+    std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    d.shape.assign(dims.begin(), dims.end());
+    auto type = h5::type(H5Dget_type(obj.get()), what);
+    d.elem_bytes = static_cast<int>(H5Tget_size(type.get()));
+    switch (H5Tget_class(type.get())) {
+      case H5T_FLOAT:
+        d.type_class = 'f';
+        break;
+      case H5T_INTEGER:
+        d.type_class = H5Tget_sign(type.get()) == H5T_SGN_NONE ? 'u' : 'i';
+        break;
+      default:
+        break;
+    }
+    if (H5Aexists(obj.get(), "checksum") > 0) {
+      auto attr = h5::attribute(H5Aopen(obj.get(), "checksum", H5P_DEFAULT), what);
+      h5::check(H5Aread(attr.get(), H5T_NATIVE_UINT64, &d.checksum), what + ": checksum");
+      d.has_checksum = true;
+    }
+    out.emplace(name, std::move(d));
+  }
+  return out;
+}
+
+Catalog read_catalog(const std::string& path, const std::vector<std::string>& groups,
+                     const AttributeCheck& check) {
+  Catalog c;
+  try {
+    auto file = open_serial(path);
+    std::vector<std::string> attr_names;
+    hsize_t idx = 0;
+    H5Aiterate2(
+        file.get(), H5_INDEX_NAME, H5_ITER_INC, &idx,
+        [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+          static_cast<std::vector<std::string>*>(out)->push_back(name);
+          return 0;
+        },
+        &attr_names);
+    for (const auto& name : attr_names) {
+      auto attr = h5::attribute(H5Aopen(file.get(), name.c_str(), H5P_DEFAULT),
+                                cat(path, ": attribute ", name));
+      auto type = h5::type(H5Aget_type(attr.get()), path);
+      if (H5Tget_class(type.get()) == H5T_STRING)
+        c.attributes[name] = read_string_attr(attr.get(), cat(path, ": attribute ", name));
+    }
+    c.error = check(c.attributes);
+    if (!c.error.empty()) return c;
+    for (const auto& g : groups) {
+      // Each level of the path must exist (H5Lexists fails on a missing intermediate).
+      bool present = true;
+      for (std::size_t at = g.find('/'); present; at = g.find('/', at + 1)) {
+        present = H5Lexists(file.get(), g.substr(0, at).c_str(), H5P_DEFAULT) > 0;
+        if (at == std::string::npos) break;
+      }
+      if (present) c.groups[g] = read_group(file.get(), path, g);
+    }
+  } catch (const std::exception& e) {  // reported by every rank, not thrown on rank 0 alone
+    c.error = e.what();
+  }
+  return c;
+}
+
+}  // namespace
+
+Catalog shared_catalog(MPI_Comm comm, const std::string& path,
+                       const std::vector<std::string>& groups, const AttributeCheck& check) {
+  std::string bytes;
+  if (rank_of(comm) == 0) bytes = read_catalog(path, groups, check).pack();
+  return Catalog::unpack(broadcast_string(comm, 0, std::move(bytes)));
+}
+
+}  // namespace ptrain::ckpt::detail
