@@ -13,10 +13,12 @@
 // "[rank N] error: ..." and aborts the job with MPI_Abort.
 #include <mpi.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <Kokkos_Core.hpp>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/weights.hpp"
 #include "deck/deck.hpp"
 #include "grid/grid.hpp"
@@ -169,28 +172,35 @@ int blas_threads_for(const Config& config, const Grid& grid) {
 // One log line per log_every steps on rank 0, and every step in out_dir/log.csv.
 class RunLog {
  public:
-  RunLog(const Config& config, double peak_gflops_per_rank, int world)
+  RunLog(const Config& config, double peak_gflops_per_rank, int world, std::int64_t first_step)
       : config_(config),
+        first_step_(first_step),
         peak_(peak_gflops_per_rank * world),
         flops_per_token_(model::flops_per_token(config)) {
     if (log::rank() != 0) return;
-    csv_.open(config.run.out_dir + "/log.csv");
-    if (!csv_) throw Error(cat("cannot write '", config.run.out_dir, "/log.csv'"));
-    csv_ << "step,loss,val_loss,lr,grad_norm,tokens_per_s,gflops,mfu,peak_mem_bytes,"
-            "t_step,t_forward,t_backward,t_optimizer,eta_s,"
-            "bytes_dense_grad,exposed_dense_grad_s,overlap_dense_grad,bytes_tp,exposed_tp_s\n";
+    // A restarted run continues the same log.csv.
+    const std::string path = config.run.out_dir + "/log.csv";
+    const bool resume = first_step > 1 && std::ifstream(path).good();
+    csv_.open(path, resume ? std::ios::app : std::ios::trunc);
+    if (!csv_) throw Error(cat("cannot write '", path, "'"));
+    if (!resume)
+      csv_ << "step,loss,val_loss,lr,grad_norm,tokens_per_s,gflops,mfu,peak_mem_bytes,"
+              "t_step,t_forward,t_backward,t_optimizer,eta_s,"
+              "bytes_dense_grad,exposed_dense_grad_s,overlap_dense_grad,bytes_tp,exposed_tp_s\n";
   }
 
   void step(const parallel::StepResult& r, double val_loss, double elapsed) {
     const double tok_s = double(r.tokens) / r.t_step;
     const double gflops = flops_per_token_ * double(r.tokens) / r.t_step / 1e9;
     const double mfu = peak_ > 0 ? gflops / peak_ : 0;
-    const double eta = elapsed / double(r.step) * double(config_.run.steps - r.step);
+    const double eta =
+        elapsed / double(r.step - first_step_ + 1) * double(config_.run.steps - r.step);
     const double mem = double(memory::stats().total_peak);
     if (log::rank() != 0) return;
-    csv_ << r.step << ',' << fixed("%.9g", r.loss) << ','
-         << (std::isnan(val_loss) ? "" : fixed("%.9g", val_loss)) << ',' << fixed("%.6g", r.lr)
-         << ',' << fixed("%.6g", r.grad_norm) << ',' << fixed("%.1f", tok_s) << ','
+    // Losses and norms to the last bit (%.17g), so runs can be compared exactly.
+    csv_ << r.step << ',' << fixed("%.17g", r.loss) << ','
+         << (std::isnan(val_loss) ? "" : fixed("%.17g", val_loss)) << ',' << fixed("%.6g", r.lr)
+         << ',' << fixed("%.17g", r.grad_norm) << ',' << fixed("%.1f", tok_s) << ','
          << fixed("%.3f", gflops) << ',' << fixed("%.4f", mfu) << ',' << fixed("%.0f", mem) << ','
          << fixed("%.6f", r.t_step) << ',' << fixed("%.6f", r.t_forward) << ','
          << fixed("%.6f", r.t_backward) << ',' << fixed("%.6f", r.t_optimizer) << ','
@@ -218,6 +228,7 @@ class RunLog {
 
  private:
   const Config& config_;
+  std::int64_t first_step_;
   double peak_, flops_per_token_;
   std::ofstream csv_;
 };
@@ -248,6 +259,94 @@ ckpt::TensorPredicate one_holder(const Grid& grid) {
   return [first_replica, tp_root](const model::TensorSpec& t) {
     return first_replica && (tp_root || t.local_shape != t.global_shape);
   };
+}
+
+// SIGUSR1 / SIGTERM (Slurm's --signal and time limit): the first asks every rank to finish
+// the step, write a checkpoint and exit 0; a second one exits at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal) _exit(128 + sig);
+  g_stop_signal = sig;
+}
+
+// True on every rank when any rank has been signalled (checked once per step).
+int agreed_stop_signal() {
+  int sig = int(g_stop_signal);
+  MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return sig;
+}
+
+std::string checkpoint_dir(const Config& config) {
+  const std::string& d = config.checkpoint.dir;
+  return !d.empty() && d[0] == '/' ? d : config.run.out_dir + "/" + d;
+}
+
+// What this rank owns of the training state: the parameters and AdamW moments over the
+// optimizer's range (the whole chunk under ZeRO 0, the rank's shard otherwise). One holder
+// writes each element: any rank under ZeRO >= 1 (shards are disjoint), the first replica
+// under ZeRO 0; tp rank 0 for tensors every tp rank holds whole.
+template <class P, class T>
+ckpt::Buffers<P> owned_state(parallel::Trainer<T>& trainer) {
+  auto& dp = trainer.data_parallel();
+  const auto lo = std::size_t(dp.update_lo()), hi = std::size_t(dp.update_hi());
+  ckpt::Buffers<P> b;
+  b.params.push_back({dp.update_params().data(), lo, hi});
+  const auto state = trainer.optimizer().state();
+  b.moments = !state.empty();
+  for (const auto& [name, view] : state) (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
+  return b;
+}
+
+ckpt::TensorPredicate state_holder(const Config& config, const Grid& grid) {
+  const bool writes =
+      config.parallel.zero >= 1 ||
+      (grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0);
+  const bool tp_root = grid.coord(Axis::t) == 0;
+  return [writes, tp_root](const model::TensorSpec& t) {
+    return writes && (tp_root || t.local_shape != t.global_shape);
+  };
+}
+
+std::string rate(double bytes, double seconds) {
+  return cat(format_bytes(bytes), " in ", fixed("%.2f", seconds),
+             " s = ", format_bytes(seconds > 0 ? bytes / seconds : 0), "/s");
+}
+
+template <class T>
+void save_state(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer,
+                std::int64_t step, double lr) {
+  const ckpt::CheckpointState state{step, step * config.train.global_batch, trainer.optimizer().t(),
+                                    std::uint64_t(config.run.seed), lr};
+  const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
+                                                 {"deck", deck::echo(config)},
+                                                 {"grid", grid.shape().str()},
+                                                 {"zero", std::to_string(config.parallel.zero)},
+                                                 {"run", config.run.name}};
+  const auto report =
+      ckpt::save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
+                               owned_state<const T>(trainer), state_holder(config, grid), state,
+                               attrs, int(config.checkpoint.keep));
+  log::info(cat("checkpoint: step ", step, " -> ", report.path, " (",
+                rate(double(report.file_bytes), report.write_seconds), " written, verified in ",
+                fixed("%.2f", report.verify_seconds), " s)"));
+}
+
+// Resumes from checkpoint%restart; returns the last step it had done.
+template <class T>
+std::int64_t restore_state(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
+  ckpt::CheckpointLoadReport report;
+  const auto state = ckpt::load_checkpoint<T>(
+      config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
+      owned_state<T>(trainer), state_holder(config, grid), &report);
+  trainer.data_parallel().finish_step();  // ZeRO 1/2: shards -> whole parameters
+  trainer.optimizer().set_t(state.optimizer_t);
+  PTRAIN_REQUIRE(state.seed == std::uint64_t(config.run.seed), "restart: ", report.path,
+                 " was written with run%seed = ", state.seed, ", this run has ", config.run.seed);
+  log::info(cat("restart: ", report.path, " at step ", state.step, " (written on ",
+                report.attributes.count("grid") ? report.attributes.at("grid") : "?", ", ZeRO ",
+                report.attributes.count("zero") ? report.attributes.at("zero") : "?", "); ",
+                rate(double(report.bytes_read), report.seconds), " read"));
+  return state.step;
 }
 
 template <class T>
@@ -287,14 +386,19 @@ int train(const Config& config, const Grid& grid, bool bench) {
   } else {
     dp.init_weights(model, std::uint64_t(config.run.seed));
   }
+  const std::int64_t done =
+      config.checkpoint.restart.empty() ? 0 : restore_state(config, grid, trainer);
+  if (config.checkpoint.every > 0 && log::rank() == 0) make_dirs(checkpoint_dir(config));
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
 
-  RunLog runlog(config, peak, world);
+  RunLog runlog(config, peak, world, done + 1);
   std::int64_t profiled_steps = 0;
   const double t0 = wall_seconds();
   double last_val = std::nan(""), last_loss = std::nan("");
   double tokens = 0, busy = 0;
-  for (std::int64_t s = 1; s <= config.run.steps; ++s) {
-    profile::enable(bench && s > 1);  // --bench: kernel breakdown, the first step excluded
+  for (std::int64_t s = done + 1; s <= config.run.steps; ++s) {
+    profile::enable(bench && s > done + 1);  // --bench: kernel breakdown, first step excluded
     profiled_steps += profile::enabled() ? 1 : 0;
     const auto r = trainer.step(s);
     profile::enable(false);
@@ -305,12 +409,23 @@ int train(const Config& config, const Grid& grid, bool bench) {
     const bool eval_now =
         (config.run.eval_every > 0 && s % config.run.eval_every == 0) || s == config.run.steps;
     if (eval_now && trainer.can_evaluate()) val = last_val = trainer.evaluate();
-    if (s > 1 || config.run.steps == 1) {  // step 1 pays for first-touch allocation
+    if (s > done + 1 || config.run.steps == done + 1) {  // the first step pays for first touch
       tokens += double(r.tokens);
       busy += r.t_step;
     }
     runlog.step(r, val, wall_seconds() - t0);
+    const bool periodic = config.checkpoint.every > 0 && s % config.checkpoint.every == 0;
+    const int sig = agreed_stop_signal();
+    if (periodic || sig) save_state(config, grid, trainer, s, r.lr);
+    if (sig) {
+      log::info(cat("stopped by signal ", sig, " after step ", s, " of ", config.run.steps,
+                    "; resume with --set checkpoint%restart='latest'"));
+      return kExitOk;
+    }
   }
+  if (done >= config.run.steps)
+    log::info(cat("restart: the checkpoint is at step ", done, " of ", config.run.steps,
+                  "; nothing left to train"));
 
   if (config.checkpoint.save_final) {
     const std::string path = config.run.out_dir + "/final.h5";

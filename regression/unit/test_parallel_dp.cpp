@@ -38,6 +38,7 @@ Config config_for(int world, std::map<std::string, std::string> extra) {
 
 struct RunRecord {
   std::vector<double> loss, norm, bytes, tp_bytes, weights;
+  double val_loss = 0;  // after the last step: evaluation sees the updated parameters
   std::vector<std::array<std::size_t, 6>> memory;
 };
 
@@ -92,6 +93,7 @@ RunRecord train(const Config& c, MPI_Comm comm) {
       run.bytes.push_back(r.comm_bytes);
       run.tp_bytes.push_back(r.tp_bytes);
     }
+    run.val_loss = trainer.evaluate();
     std::vector<double> local;
     for (T w : trainer.data_parallel().gather_weights()) local.push_back(double(w));
     run.weights = global_weights(c, trainer.model().layout(), local, comm);
@@ -125,6 +127,7 @@ void compare_with_one_rank(int zero, double tol, std::map<std::string, std::stri
     den += one.weights[i] * one.weights[i];
   }
   EXPECT_LT(std::sqrt(num / den), tol) << "final weights";
+  EXPECT_LT(rel(many.val_loss, one.val_loss), tol) << "validation loss after the last step";
   // The run must have learnt something, or equality would prove little.
   EXPECT_LT(one.loss.back(), one.loss.front());
 }

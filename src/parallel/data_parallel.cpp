@@ -182,20 +182,21 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
 
   // --- step control ---------------------------------------------------------------------
   void begin_step() {
-    if (dp_.zero_ <= 1)
-      K::fill(grads_.view(), T(0));
-    else
-      K::fill(grads_.view(), T(0));
-    if (dp_.zero_ == 3) {  // parameters changed: every gathered copy is stale
-      param_emb_.unit = -1;
-      for (auto& w : param_slots_) {
-        w.req.wait();
-        w.unit = -1;
-      }
-      last_unit_ = current_ = -1;
-      forward_ = true;
-    }
+    K::fill(grads_.view(), T(0));
     done_early_bytes_ = total_bytes_ = 0;
+  }
+
+  // The parameters changed (an update, loaded weights): every gathered copy is stale.
+  void invalidate_params() {
+    if (dp_.zero_ != 3) return;
+    param_emb_.req.wait();
+    param_emb_.unit = -1;
+    for (auto& w : param_slots_) {
+      w.req.wait();
+      w.unit = -1;
+    }
+    last_unit_ = current_ = -1;
+    forward_ = true;
   }
 
   void begin_micro_batch(bool last) {
@@ -356,6 +357,7 @@ void DataParallel<T>::init_weights(const model::GPT<T>& model, std::uint64_t see
     model.init_range(seed, store_->params_.view(), 0);
   else
     model.init_range(seed, store_->params_.view(), r_ * sizes_.shard);
+  store_->invalidate_params();
 }
 
 template <class T>
@@ -365,6 +367,7 @@ void DataParallel<T>::set_weights(const T* whole) {
   auto host = Kokkos::create_mirror_view(store_->params_.view());
   for (std::int64_t i = 0; i < n; ++i) host(i) = lo + i < sizes_.numel ? whole[lo + i] : T(0);
   Kokkos::deep_copy(store_->params_.view(), host);
+  store_->invalidate_params();
 }
 
 template <class T>
@@ -418,6 +421,7 @@ double DataParallel<T>::grad_norm_squared() {
 
 template <class T>
 void DataParallel<T>::finish_step() {
+  store_->invalidate_params();
   if (zero_ == 1 || zero_ == 2) {
     std::vector<int> counts(std::size_t(D_), int(sizes_.shard));
     T* full = store_->params_.data();

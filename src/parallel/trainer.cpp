@@ -40,8 +40,6 @@ void check_supported(const Config& c, int world_size) {
   no(c.parallel.sequence_parallel, "parallel%sequence_parallel = .true.");
   (void)world_size;
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
-  no(c.checkpoint.every > 0, "checkpoint%every > 0 (periodic checkpoints)");
-  no(!c.checkpoint.restart.empty(), "checkpoint%restart (resuming a run)");
   no(c.run.trace, "run%trace = .true. (timeline traces)");
   no(c.train.recompute != "none", "train%recompute other than 'none'");
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");

@@ -29,8 +29,8 @@ struct StepResult {
 };
 
 // Refuses (Error, exit code 2, the same on every rank) what this version cannot train yet:
-// tensor, pipeline, context or expert parallelism, mixture of experts, periodic
-// checkpoints and restart, traces, recomputation, a device other than the CPU.
+// pipeline, context or expert parallelism, sequence parallelism, mixture of experts,
+// traces, recomputation, a device other than the CPU.
 void check_supported(const Config& config, int world_size);
 
 template <class T>
