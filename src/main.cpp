@@ -223,6 +223,9 @@ class RunLog {
             ? cat(" | dp comm ", format_bytes(r.comm_bytes), ", ", fixed("%.3f", r.comm_exposed),
                   " s exposed, ", fixed("%.0f%%", 100 * r.comm_overlap), " overlapped")
             : std::string(),
+        r.tp_bytes > 0
+            ? cat(" | tp comm ", format_bytes(r.tp_bytes), ", ", fixed("%.3f", r.tp_exposed), " s")
+            : std::string(),
         " | ETA ", format_duration(eta)));
   }
 

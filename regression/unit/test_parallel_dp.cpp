@@ -159,11 +159,24 @@ TEST(TensorParallel, AllRanksAsTpMatchOneRank) {
   compare_with_one_rank<float>(0, 1e-5, tp);
 }
 
+TEST(TensorParallel, SequenceParallelMatchesOneRank) {
+  const std::string T = std::to_string(world_size());
+  if (world_size() == 1 || world_size() > 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  std::map<std::string, std::string> sp = {{"parallel%tp", T},
+                                           {"model%n_head", T},
+                                           {"model%d_model", "16"},
+                                           {"parallel%sequence_parallel", ".true."}};
+  compare_with_one_rank<double>(0, 1e-10, sp);
+  compare_with_one_rank<float>(0, 1e-5, sp);
+}
+
 TEST(TensorParallel, Tp2WithDataParallelAndZero) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks (tp 2 x dp 2)";
   std::map<std::string, std::string> tp = {
       {"parallel%tp", "2"}, {"model%n_head", "2"}, {"model%d_model", "16"}};
   for (int z : {0, 1, 3}) compare_with_one_rank<double>(z, 1e-10, tp);
+  tp["parallel%sequence_parallel"] = ".true.";
+  for (int z : {1, 3}) compare_with_one_rank<double>(z, 1e-10, tp);
 }
 
 TEST(TensorParallel, BytesPerStepAreTwoAllReducesPerLayerEachWay) {
@@ -180,6 +193,15 @@ TEST(TensorParallel, BytesPerStepAreTwoAllReducesPerLayerEachWay) {
   // gradient norm's scalar.
   const double expect = m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT) + ring * 8;
   for (double b : r.tp_bytes) EXPECT_DOUBLE_EQ(b, expect);
+
+  // Sequence parallel: each all-reduce becomes a reduce-scatter plus an all-gather of the
+  // same total; LayerNorm parameter gradients (2C per LayerNorm) are summed over tp.
+  Config sp = c;
+  sp.parallel.sequence_parallel = true;
+  const RunRecord q = train<double>(sp, MPI_COMM_WORLD);
+  const double expect_sp =
+      m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT + (2 * L + 1) * 2 * C) + ring * 8;
+  for (double b : q.tp_bytes) EXPECT_DOUBLE_EQ(b, expect_sp);
 }
 
 TEST(DataParallel, BytesPerStepAreTheRingFormulas) {

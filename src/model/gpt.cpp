@@ -40,28 +40,26 @@ struct Carver {
 };
 
 // The activations one block keeps for its backward (model/layout.hpp activation_sizes):
-// x_out = x + attn(LN1(x)) = res2, then res3 = res2 + mlp(LN2(res2)).
+// res2 = x + attn(LN1(x)), res3 = res2 + mlp(LN2(res2)). R rows of the residual stream are
+// kept here: all BT, or this rank's 1/tp token shard with sequence parallelism.
 template <class T>
 struct BlockActs {
-  K::Vec<T> ln1, ln1_mean, ln1_rstd;  // (BT, C), (BT), (BT)
-  K::Vec<T> qkv, atty, lse;           // (BT, 3Cl), (BT, Cl), (B, NHl, T)
-  K::Vec<T> res2;                     // (BT, C)
-  K::Vec<T> ln2, ln2_mean, ln2_rstd;  // (BT, C), (BT), (BT)
-  K::Vec<T> fch, fch_gelu;            // (BT, Fl) each
-  K::Vec<T> res3;                     // (BT, C)
+  K::Vec<T> ln1, qkv, atty, lse;                     // (BT, C), (BT, 3Cl), (BT, Cl), (B, NHl, T)
+  K::Vec<T> ln2, fch, fch_gelu;                      // (BT, C), (BT, Fl), (BT, Fl)
+  K::Vec<T> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (R) each
+  K::Vec<T> res2, res3;  // (R, C) each; res3 last (the next block's input)
 };
 
 template <class T>
-BlockActs<T> carve_block(const K::Vec<T>& layer, std::int64_t BT, std::int64_t C, std::int64_t Cl,
-                         std::int64_t NH, std::int64_t Fl) {
+BlockActs<T> carve_block(const K::Vec<T>& layer, std::int64_t BT, std::int64_t R, std::int64_t C,
+                         std::int64_t Cl, std::int64_t NH, std::int64_t Fl) {
   Carver<T> a{layer};
   BlockActs<T> b;
-  b.ln1 = a.take(BT * C), b.ln1_mean = a.take(BT), b.ln1_rstd = a.take(BT);
-  b.qkv = a.take(BT * 3 * Cl), b.atty = a.take(BT * Cl), b.lse = a.take(BT * NH);
-  b.res2 = a.take(BT * C);
-  b.ln2 = a.take(BT * C), b.ln2_mean = a.take(BT), b.ln2_rstd = a.take(BT);
-  b.fch = a.take(BT * Fl), b.fch_gelu = a.take(BT * Fl);
-  b.res3 = a.take(BT * C);
+  b.ln1 = a.take(BT * C), b.qkv = a.take(BT * 3 * Cl), b.atty = a.take(BT * Cl);
+  b.lse = a.take(BT * NH);
+  b.ln2 = a.take(BT * C), b.fch = a.take(BT * Fl), b.fch_gelu = a.take(BT * Fl);
+  b.ln1_mean = a.take(R), b.ln1_rstd = a.take(R), b.ln2_mean = a.take(R), b.ln2_rstd = a.take(R);
+  b.res2 = a.take(R * C), b.res3 = a.take(R * C);
   return b;
 }
 
@@ -102,8 +100,6 @@ GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch, Para
   // Only the pieces this version implements; everything else says so instead of guessing.
   PTRAIN_REQUIRE(coord.T == 1 || (tp && tp->size() == coord.T), "model: tensor parallelism over ",
                  coord.T, " ranks needs their tp group");
-  PTRAIN_REQUIRE(!config.parallel.sequence_parallel || coord.T == 1,
-                 "model: sequence parallelism is not implemented yet");
   PTRAIN_REQUIRE(coord.P == 1 && coord.virtual_stages == 1,
                  "model: pipeline parallelism (parallel%pp > 1) is not implemented yet");
   PTRAIN_REQUIRE(dims_.n_expert == 0,
@@ -123,7 +119,8 @@ GPT<T>::GPT(const Config& config, const ShardCoord& coord, int micro_batch, Para
     own_store_ = std::make_unique<ResidentStore<T>>(layout_, layout_.numel);
     store_ = own_store_.get();
   }
-  const auto act = activation_sizes(dims_, coord, micro_batch, dims_.S, layout_.has_head);
+  const auto act =
+      activation_sizes(dims_, coord, micro_batch, dims_.S, layout_.has_head, sequence_parallel());
   acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
                          std::size_t(act.kept(layout_.n_layers)));
   scratch_ =
@@ -243,6 +240,30 @@ void GPT<T>::zero_grads() {
 }
 
 template <class T>
+bool GPT<T>::sequence_parallel() const {
+  return config_.parallel.sequence_parallel && coord_.T > 1;
+}
+
+// x (R, C) [=] this rank's token rows of the tp sum of full (BT, C) (sequence parallel), or
+// full summed in place and x = full.
+template <class T>
+void GPT<T>::tp_sum_to_rows(const K::Vec<T>& full, const K::Vec<T>& x) {
+  if (!tp_ || tp_->size() == 1) return;
+  if (!sequence_parallel()) return tp_sum(full);
+  const std::vector<int> counts(std::size_t(tp_->size()), int(x.extent(0)));
+  tp_->reduce_scatter_sum(full.data(), x.data(), counts).wait();
+}
+
+// full (BT, C) [=] the token rows of every tp rank, this rank's already in place.
+template <class T>
+void GPT<T>::tp_gather_rows(const K::Vec<T>& full) {
+  if (!sequence_parallel()) return;
+  const int n = int(full.extent(0)) / tp_->size();
+  const std::vector<int> counts(std::size_t(tp_->size()), n);
+  tp_->all_gather(full.data() + std::size_t(coord_.t) * n, full.data(), counts).wait();
+}
+
+template <class T>
 double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B,
                        bool for_backward) {
   PTRAIN_REQUIRE(B >= 1 && B <= micro_batch_, "model: micro-batch of ", B,
@@ -251,7 +272,9 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
   const int S = int(dims_.S), C = int(dims_.C), NH = int(dims_.NH / coord_.T);
   const int HS = int(dims_.HS), Cl = NH * HS, Fl = int(dims_.F / coord_.T);
   const int BT = B * S, Vl = int(dims_.Vpad / coord_.T);
-  const auto act = activation_sizes(dims_, coord_, micro_batch_, S, layout_.has_head);
+  const bool sp = sequence_parallel();
+  const int R = sp ? BT / coord_.T : BT, r0 = sp ? coord_.t * R : 0;  // residual rows kept here
+  const auto act = activation_sizes(dims_, coord_, micro_batch_, S, layout_.has_head, sp);
   static_assert(sizeof(int) == sizeof(std::int32_t));
   Kokkos::deep_copy(
       slice<int>(tokens_, 0, BT),
@@ -261,10 +284,13 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
       Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(targets, BT));
   const K::IntVec tok = slice<int>(tokens_, 0, BT), tgt = slice<int>(targets_, 0, BT);
   const K::IntVec no_positions;
+  // A (BT, C) buffer for the tp partial sums before they are reduced (the backward's
+  // scratch is free during the forward).
+  const K::Vec<T> partial = slice(scratch_.view(), 0, std::int64_t(BT) * C);
 
-  // x: (B, S, C), the residual stream entering block 0.
+  // x: (R, C), the residual stream entering block 0.
   Carver<T> out{slice(acts_.view(), act.per_layer * layout_.n_layers, act.outside)};
-  K::Vec<T> x = out.take(std::int64_t(BT) * C);
+  K::Vec<T> x = out.take(std::int64_t(R) * C);
   // The embedding unit stays available to the tied LM head and, when training, to the
   // backward; every other unit is released as soon as it is used.
   const K::Vec<T> emb = store_->params(u_emb_);
@@ -273,58 +299,68 @@ double GPT<T>::forward(const std::int32_t* inputs, const std::int32_t* targets, 
   // positions, the sum over tp is the embedding.
   const bool tp_root = coord_.t == 0;
   const int v_begin = coord_.t * Vl;
+  const K::Vec<T> embedded = sp ? partial : x;
   profile::region("embedding", [&] {
-    K::encoder_forward(x, tok, no_positions, K::CVec<T>(wte),
+    K::encoder_forward(embedded, tok, no_positions, K::CVec<T>(wte),
                        tp_root ? K::CVec<T>(tensor(emb, u_emb_, "wpe.weight")) : K::CVec<T>(), B, S,
                        C, v_begin, Vl);
   });
-  profile::region("tp-comm", [&] { tp_sum(x); });
+  profile::region("tp-comm", [&] { tp_sum_to_rows(embedded, x); });
 
   for (int l = 0; l < layout_.n_layers; ++l) {
     const int unit = u_block0_ + l;
     const Block w = block_views(store_->params(unit), unit);
     const BlockActs<T> a =
-        carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
-    // ln1 = LN(x); qkv = ln1 W_qkv^T + b; atty = attention(qkv); res2 = x + atty W_proj^T + b
+        carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, R, C, Cl, NH, Fl);
+    // ln1 = LN(x) on this rank's rows, gathered; qkv = ln1 W_qkv^T + b; atty = attention(qkv)
+    const K::Vec<T> ln1_mine = slice(a.ln1, std::int64_t(r0) * C, std::int64_t(R) * C);
     profile::region("layernorm", [&] {
-      K::layernorm_forward<T>(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, BT, C);
+      K::layernorm_forward<T>(ln1_mine, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, R, C);
     });
+    profile::region("tp-comm", [&] { tp_gather_rows(a.ln1); });
     profile::region("matmul",
                     [&] { K::matmul_forward<T>(a.qkv, a.ln1, w.qkv_w, w.qkv_b, BT, C, 3 * Cl); });
     profile::region("attention",
                     [&] { K::attention_forward<T>(a.atty, a.lse, a.qkv, B, S, NH, HS); });
-    // Row-parallel: partial sums over this rank's heads, the bias added once, all-reduced.
+    // Row-parallel: partial sums over this rank's heads, the bias added once (tp rank 0),
+    // reduced over tp (all-reduce, or reduce-scatter to the token shard); res2 = x + that.
+    const K::Vec<T> proj = sp ? partial : a.res2;
     profile::region("matmul", [&] {
-      K::matmul_forward<T>(a.res2, a.atty, w.proj_w, tp_root ? w.proj_b : K::Vec<T>(), BT, Cl, C);
+      K::matmul_forward<T>(proj, a.atty, w.proj_w, tp_root ? w.proj_b : K::Vec<T>(), BT, Cl, C);
     });
-    profile::region("tp-comm", [&] { tp_sum(a.res2); });
+    profile::region("tp-comm", [&] { tp_sum_to_rows(proj, a.res2); });
     profile::region("residual", [&] { K::axpy<T>(a.res2, T(1), x); });
-    // ln2 = LN(res2); fch = ln2 W_fc^T + b; res3 = res2 + gelu(fch) W_proj^T + b
+    // ln2 = LN(res2), gathered; fch = ln2 W_fc^T + b; res3 = res2 + gelu(fch) W_proj^T + b
+    const K::Vec<T> ln2_mine = slice(a.ln2, std::int64_t(r0) * C, std::int64_t(R) * C);
     profile::region("layernorm", [&] {
-      K::layernorm_forward<T>(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, BT, C);
+      K::layernorm_forward<T>(ln2_mine, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, R, C);
     });
+    profile::region("tp-comm", [&] { tp_gather_rows(a.ln2); });
     profile::region("matmul",
                     [&] { K::matmul_forward<T>(a.fch, a.ln2, w.fc_w, w.fc_b, BT, C, Fl); });
     profile::region("gelu", [&] { K::gelu_forward<T>(a.fch_gelu, a.fch, std::size_t(BT) * Fl); });
+    const K::Vec<T> mlp = sp ? partial : a.res3;
     profile::region("matmul", [&] {
-      K::matmul_forward<T>(a.res3, a.fch_gelu, w.fcproj_w, tp_root ? w.fcproj_b : K::Vec<T>(), BT,
-                           Fl, C);
+      K::matmul_forward<T>(mlp, a.fch_gelu, w.fcproj_w, tp_root ? w.fcproj_b : K::Vec<T>(), BT, Fl,
+                           C);
     });
-    profile::region("tp-comm", [&] { tp_sum(a.res3); });
+    profile::region("tp-comm", [&] { tp_sum_to_rows(mlp, a.res3); });
     profile::region("residual", [&] { K::axpy<T>(a.res3, T(1), a.res2); });
     x = a.res3;
     store_->release_params(unit);
   }
 
-  // Head: lnf = LN(x); logits = lnf wte^T (the tied embedding); per-token cross-entropy.
-  auto lnf = out.take(std::int64_t(BT) * C), lnf_mean = out.take(BT), lnf_rstd = out.take(BT);
+  // Head: lnf = LN(x), gathered; logits = lnf wte^T (the tied embedding); cross-entropy.
+  auto lnf = out.take(std::int64_t(BT) * C), lnf_mean = out.take(R), lnf_rstd = out.take(R);
   auto logits = out.take(std::int64_t(BT) * Vl), losses = out.take(BT);
   auto row_max = out.take(BT), sumexp = out.take(BT), target_logit = out.take(BT);
   const K::Vec<T> head = store_->params(u_head_);
   profile::region("layernorm", [&] {
-    K::layernorm_forward<T>(lnf, lnf_mean, lnf_rstd, x, tensor(head, u_head_, "ln_f.weight"),
-                            tensor(head, u_head_, "ln_f.bias"), BT, C);
+    K::layernorm_forward<T>(slice(lnf, std::int64_t(r0) * C, std::int64_t(R) * C), lnf_mean,
+                            lnf_rstd, x, tensor(head, u_head_, "ln_f.weight"),
+                            tensor(head, u_head_, "ln_f.bias"), R, C);
   });
+  profile::region("tp-comm", [&] { tp_gather_rows(lnf); });
   profile::region("matmul",
                   [&] { K::matmul_forward<T>(logits, lnf, wte, K::CVec<T>(), BT, C, Vl); });
   // Vocab-parallel cross-entropy: no rank holds the full logits; the row max and then the
@@ -358,27 +394,75 @@ void GPT<T>::backward(T dloss) {
   const int B = B_, S = int(dims_.S), C = int(dims_.C), NH = int(dims_.NH / coord_.T);
   const int HS = int(dims_.HS), Cl = NH * HS, Fl = int(dims_.F / coord_.T);
   const int BT = B * S, Vl = int(dims_.Vpad / coord_.T);
-  const auto act = activation_sizes(dims_, coord_, micro_batch_, S, layout_.has_head);
+  const bool sp = sequence_parallel();
+  const int R = sp ? BT / coord_.T : BT, r0 = sp ? coord_.t * R : 0;
+  const auto act = activation_sizes(dims_, coord_, micro_batch_, S, layout_.has_head, sp);
   const K::IntVec tok = slice<int>(tokens_, 0, BT), tgt = slice<int>(targets_, 0, BT);
   const K::IntVec no_positions;
 
   Carver<T> out{slice(acts_.view(), act.per_layer * layout_.n_layers, act.outside)};
-  K::Vec<T> encoded = out.take(std::int64_t(BT) * C);
-  auto lnf = out.take(std::int64_t(BT) * C), lnf_mean = out.take(BT), lnf_rstd = out.take(BT);
+  K::Vec<T> encoded = out.take(std::int64_t(R) * C);
+  auto lnf = out.take(std::int64_t(BT) * C), lnf_mean = out.take(R), lnf_rstd = out.take(R);
   auto logits = out.take(std::int64_t(BT) * Vl);
   out.take(BT);  // losses
   auto row_max = out.take(BT), sumexp = out.take(BT);
 
+  // dres: d(residual stream), this rank's R rows. dln: d(LayerNorm out) over all BT rows.
   Carver<T> s{scratch_.view()};
   auto dres = s.take(std::int64_t(BT) * C), dln = s.take(std::int64_t(BT) * C);
   auto dgelu = s.take(std::int64_t(BT) * Fl), dfch = s.take(std::int64_t(BT) * Fl);
   auto datty = s.take(std::int64_t(BT) * Cl), dqkv = s.take(std::int64_t(BT) * 3 * Cl);
+  // Sequence parallel: d(residual) gathered over tp, and one micro-batch's LayerNorm
+  // parameter gradients (partial over the token shards until summed over tp).
+  const K::Vec<T> dfull = sp ? s.take(std::int64_t(BT) * C) : dres;
+  const K::Vec<T> dnorm = sp ? s.take(2 * std::int64_t(C)) : K::Vec<T>();
+  dres = slice(dres, 0, std::int64_t(R) * C);
+  auto dln_mine = [&] { return slice(dln, 0, std::int64_t(R) * C); };
+
+  // d(LN out) over all rows -> this rank's rows of its tp sum: all-reduce, or reduce-scatter.
+  auto reduce_dln = [&]() -> K::Vec<T> {
+    if (!sp) {
+      tp_sum(dln);
+      return dln;
+    }
+    const std::vector<int> counts(std::size_t(tp_->size()), R * C);
+    tp_->reduce_scatter_sum(dln.data(), dfull.data(), counts).wait();
+    K::copy<T>(dln_mine(), slice(dfull, 0, std::int64_t(R) * C));
+    return dln_mine();
+  };
+  // LayerNorm backward on this rank's rows: dres += LN'(dy); d(weight), d(bias) accumulated —
+  // under sequence parallelism from a partial that is first summed over tp.
+  auto layernorm_backward = [&](const K::Vec<T>& dy, const K::Vec<T>& inp, const K::Vec<T>& weight,
+                                const K::Vec<T>& mean, const K::Vec<T>& rstd,
+                                const K::Vec<T>& dweight, const K::Vec<T>& dbias) {
+    if (!sp) {
+      profile::region("layernorm", [&] {
+        K::layernorm_backward<T>(dres, dweight, dbias, dy, inp, weight, mean, rstd, R, C);
+      });
+      return;
+    }
+    auto dw = slice(dnorm, 0, C), db = slice(dnorm, C, C);
+    profile::region("layernorm", [&] {
+      K::fill(dnorm, T(0));
+      K::layernorm_backward<T>(dres, dw, db, dy, inp, weight, mean, rstd, R, C);
+    });
+    profile::region("tp-comm", [&] { tp_sum(dnorm); });
+    K::axpy<T>(dweight, T(1), dw);
+    K::axpy<T>(dbias, T(1), db);
+  };
+  // d(residual) of every token (the row-parallel layers' backward needs all rows).
+  auto gathered_dres = [&]() -> K::Vec<T> {
+    if (!sp) return dres;
+    K::copy<T>(slice(dfull, std::int64_t(r0) * C, std::int64_t(R) * C), dres);
+    profile::region("tp-comm", [&] { tp_gather_rows(dfull); });
+    return dfull;
+  };
 
   // Residual stream input of block l: block l-1's res3, or the embedding output.
   auto block_input = [&](int l) -> K::Vec<T> {
     if (l == 0) return encoded;
-    const std::int64_t res3_offset = act.per_layer - std::int64_t(BT) * C;
-    return slice(acts_.view(), act.per_layer * (l - 1) + res3_offset, std::int64_t(BT) * C);
+    const std::int64_t res3_offset = act.per_layer - std::int64_t(R) * C;
+    return slice(acts_.view(), act.per_layer * (l - 1) + res3_offset, std::int64_t(R) * C);
   };
 
   // Head: dlogits in place; dlnf = dlogits wte; dwte += dlogits^T lnf; dx = LN'(dlnf).
@@ -395,14 +479,12 @@ void GPT<T>::backward(T dloss) {
     K::matmul_backward<T>(dln, tensor(demb, u_emb_, "wte.weight"), K::Vec<T>(), logits, lnf,
                           tensor(emb, u_emb_, "wte.weight"), BT, C, Vl);
   });
-  profile::region("tp-comm", [&] { tp_sum(dln); });  // partial over vocabulary shards
+  K::Vec<T> dy;
+  profile::region("tp-comm", [&] { dy = reduce_dln(); });  // partial over vocabulary shards
   profile::region("zero-fill", [&] { K::fill(dres, T(0)); });
-  profile::region("layernorm", [&] {
-    K::layernorm_backward<T>(dres, tensor(dhead, u_head_, "ln_f.weight"),
-                             tensor(dhead, u_head_, "ln_f.bias"), dln,
-                             block_input(int(layout_.n_layers)),
-                             tensor(head, u_head_, "ln_f.weight"), lnf_mean, lnf_rstd, BT, C);
-  });
+  layernorm_backward(dy, block_input(int(layout_.n_layers)), tensor(head, u_head_, "ln_f.weight"),
+                     lnf_mean, lnf_rstd, tensor(dhead, u_head_, "ln_f.weight"),
+                     tensor(dhead, u_head_, "ln_f.bias"));
   store_->release_params(u_head_);
   store_->grads_done(u_head_);
 
@@ -411,11 +493,12 @@ void GPT<T>::backward(T dloss) {
     const Block w = block_views(store_->params(unit), unit);
     const Block g = block_views(store_->grads(unit), unit);
     const BlockActs<T> a =
-        carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, C, Cl, NH, Fl);
+        carve_block(slice(acts_.view(), act.per_layer * l, act.per_layer), BT, R, C, Cl, NH, Fl);
     // dres holds d(res3). MLP branch, then d(res2) = d(res3) + LN2'(...).
+    K::Vec<T> dout = gathered_dres();
     profile::region("zero-fill", [&] { K::fill(dgelu, T(0)); });
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(dgelu, g.fcproj_w, g.fcproj_b, dres, a.fch_gelu, w.fcproj_w, BT, Fl, C);
+      K::matmul_backward<T>(dgelu, g.fcproj_w, g.fcproj_b, dout, a.fch_gelu, w.fcproj_w, BT, Fl, C);
     });
     profile::region("zero-fill", [&] { K::fill(dfch, T(0)); });
     profile::region("gelu", [&] { K::gelu_backward<T>(dfch, a.fch, dgelu, std::size_t(BT) * Fl); });
@@ -423,15 +506,13 @@ void GPT<T>::backward(T dloss) {
     profile::region("matmul", [&] {
       K::matmul_backward<T>(dln, g.fc_w, g.fc_b, dfch, a.ln2, w.fc_w, BT, C, Fl);
     });
-    profile::region("tp-comm", [&] { tp_sum(dln); });  // column-parallel input gradient
-    profile::region("layernorm", [&] {
-      K::layernorm_backward<T>(dres, g.ln2_w, g.ln2_b, dln, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd,
-                               BT, C);
-    });
+    profile::region("tp-comm", [&] { dy = reduce_dln(); });  // column-parallel input gradient
+    layernorm_backward(dy, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd, g.ln2_w, g.ln2_b);
     // Attention branch, then d(x) = d(res2) + LN1'(...).
+    dout = gathered_dres();
     profile::region("zero-fill", [&] { K::fill(datty, T(0)); });
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(datty, g.proj_w, g.proj_b, dres, a.atty, w.proj_w, BT, Cl, C);
+      K::matmul_backward<T>(datty, g.proj_w, g.proj_b, dout, a.atty, w.proj_w, BT, Cl, C);
     });
     profile::region("attention", [&] {
       K::attention_backward<T>(dqkv, datty, a.atty, a.lse, a.qkv, B, S, NH, HS);
@@ -440,17 +521,15 @@ void GPT<T>::backward(T dloss) {
     profile::region("matmul", [&] {
       K::matmul_backward<T>(dln, g.qkv_w, g.qkv_b, dqkv, a.ln1, w.qkv_w, BT, C, 3 * Cl);
     });
-    profile::region("tp-comm", [&] { tp_sum(dln); });
-    profile::region("layernorm", [&] {
-      K::layernorm_backward<T>(dres, g.ln1_w, g.ln1_b, dln, block_input(l), w.ln1_w, a.ln1_mean,
-                               a.ln1_rstd, BT, C);
-    });
+    profile::region("tp-comm", [&] { dy = reduce_dln(); });
+    layernorm_backward(dy, block_input(l), w.ln1_w, a.ln1_mean, a.ln1_rstd, g.ln1_w, g.ln1_b);
     store_->release_params(unit);
     store_->grads_done(unit);
   }
+  const K::Vec<T> dembedded = gathered_dres();
   profile::region("embedding", [&] {
     K::encoder_backward<T>(tensor(demb, u_emb_, "wte.weight"), tensor(demb, u_emb_, "wpe.weight"),
-                           dres, tok, no_positions, B, S, C, int(coord_.t * Vl), Vl);
+                           dembedded, tok, no_positions, B, S, C, int(coord_.t * Vl), Vl);
   });
   store_->release_params(u_emb_);
   store_->grads_done(u_emb_);

@@ -102,6 +102,9 @@ class GPT {
   ParamStore<T>* store_ = nullptr;
   Comm* tp_ = nullptr;  // null or size 1: no tensor parallelism
   void tp_sum(const kernels::Vec<T>& x);  // all-reduce over tp (a no-op without it)
+  bool sequence_parallel() const;         // parallel%sequence_parallel with tp > 1
+  void tp_sum_to_rows(const kernels::Vec<T>& full, const kernels::Vec<T>& rows);
+  void tp_gather_rows(const kernels::Vec<T>& full);
   TrackedView<T> acts_, scratch_;        // activations kept for backward; backward scratch
   Kokkos::View<int*> tokens_, targets_;  // (micro_batch, S)
   double last_loss_sum_ = 0;

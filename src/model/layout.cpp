@@ -195,19 +195,25 @@ double flops_per_token(const Config& config) {
 namespace ptrain::model {
 
 ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
-                                 bool has_head) {
+                                 bool has_head, bool sequence_parallel) {
   const std::int64_t BT = B * T, C = d.C, Cl = d.C / c.T, Fl = d.F / c.T, NHl = d.NH / c.T;
+  // Rows of the residual stream this rank keeps: all, or 1/tp of them with sequence
+  // parallelism (LayerNorm, residual adds and their statistics run on that token shard).
+  const std::int64_t R = sequence_parallel ? BT / c.T : BT;
   ActivationSizes a;
-  // ln_1 + residual after attention + ln_2 + residual after MLP: 4 (BT, C);
-  // qkv (BT, 3Cl) + attention out (BT, Cl); fc and gelu (BT, Fl) each;
-  // LayerNorm mean and rstd (BT) twice; lse (B, NHl, T).
-  a.per_layer = BT * (4 * C + 4 * Cl + 2 * Fl + 4 + NHl);
-  a.outside = BT * C;  // embedding output (the residual stream entering block 0)
-  // ln_f (+ mean, rstd), logits (BT, Vl), per-token loss, row max, sum-exp, target logit.
-  if (has_head) a.outside += BT * (C + 2 + d.Vpad / c.T + 4);
+  // Per block: ln_1 and ln_2 outputs (BT, C) (gathered: the matmuls' backward needs them);
+  // qkv (BT, 3Cl) + attention out (BT, Cl); fc and gelu (BT, Fl) each; lse (B, NHl, T);
+  // the residuals after attention and after the MLP (R, C) and the LayerNorm mean and rstd
+  // (R) twice.
+  a.per_layer = BT * (2 * C + 4 * Cl + 2 * Fl + NHl) + R * (2 * C + 4);
+  a.outside = R * C;  // embedding output (the residual stream entering block 0)
+  // ln_f out (BT, C) + mean, rstd (R), logits (BT, Vl), per-token loss, row max, sum-exp,
+  // target logit.
+  if (has_head) a.outside += BT * (C + d.Vpad / c.T + 4) + 2 * R;
   // Backward: d(residual) and d(LayerNorm out) (BT, C), d(gelu out) and d(fc out) (BT, Fl),
-  // d(attention out) (BT, Cl), d(qkv) (BT, 3Cl).
-  a.scratch = BT * (2 * C + 4 * Cl + 2 * Fl);
+  // d(attention out) (BT, Cl), d(qkv) (BT, 3Cl); with sequence parallelism also a gathered
+  // (BT, C) and the LayerNorm parameter gradients of one micro-batch (2C).
+  a.scratch = BT * (2 * C + 4 * Cl + 2 * Fl) + (sequence_parallel ? BT * C + 2 * C : 0);
   return a;
 }
 

@@ -109,7 +109,7 @@ struct ActivationSizes {
 };
 // B samples of T local tokens (T = seq_len / cp).
 ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
-                                 bool has_head);
+                                 bool has_head, bool sequence_parallel = false);
 
 }  // namespace ptrain::model
 

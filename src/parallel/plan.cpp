@@ -82,7 +82,8 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
 
   const model::Dims d = model::dims_of(config);
   const std::int64_t T = d.S / config.parallel.cp;
-  const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, head);
+  const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, head,
+                                           config.parallel.sequence_parallel && coord.T > 1);
   // 1F1B keeps up to p micro-batches in flight on the first stage; GPipe keeps all m.
   const std::int64_t m = micro_batches_per_step(config);
   const std::int64_t in_flight = config.parallel.pp == 1 ? 1
@@ -146,12 +147,19 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
                    dp_volume(double(mem.expert_params) * w, double(expert_grad_size(config))),
                    dp_formula[par.zero]});
 
-  // Tensor parallel: 2 all-reduces (or RS+AG with SP) per block each way, one for the
-  // vocab-parallel embedding, three (B,T) reductions for the loss.
+  // Tensor parallel, per micro-batch, as model/gpt.cpp does it: 2 all-reduces of (b, s, h) per block each
+  // way, one for the embedding (forward) and one for the head (backward); the loss's row
+  // max and (sum-exp, target logit); with sequence parallelism each all-reduce is a
+  // reduce-scatter + all-gather of the same volume, and every LayerNorm's parameter
+  // gradients (2h) are summed over tp.
   const double T = double(par.tp);
-  double tp = m * (4.0 * double(layers) + (first ? 1.0 : 0.0)) * 2 * ring(T) * act;
+  const double n_ar = 4.0 * double(layers) + (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0);
+  double tp = m * n_ar * 2 * ring(T) * act;
   if (last) tp += m * 3.0 * 2 * ring(T) * B * Tl * w;
-  out.push_back({GroupKind::tp, tp, "m*(4L+1)*2(T-1)/T*b*s*h (+3 b*s for the loss)"});
+  if (par.sequence_parallel)
+    tp += m * (2.0 * double(layers) + (last ? 1.0 : 0.0)) * 2 * ring(T) * 2.0 * double(d.C) * w;
+  out.push_back(
+      {GroupKind::tp, tp, "m*(4L+2)*2(T-1)/T*b*s*h + loss 3*b*s (+ SP: LayerNorm grads 2h each)"});
 
   // Context parallel: K and V go round the ring once forward, K,V and their grads backward.
   const double Cp = double(par.cp), kv = 2.0 * B * Tl * double(d.C / par.tp) * w;

@@ -37,7 +37,6 @@ void check_supported(const Config& c, int world_size) {
   };
   no(c.parallel.pp > 1 || c.parallel.cp > 1 || c.parallel.ep > 1,
      "training with parallel%pp, cp or ep > 1 (data and tensor parallelism so far; --plan works)");
-  no(c.parallel.sequence_parallel, "parallel%sequence_parallel = .true.");
   (void)world_size;
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
   no(c.run.trace, "run%trace = .true. (timeline traces)");
