@@ -389,8 +389,18 @@ int train(const Config& config, const Grid& grid, bool bench) {
   } else {
     dp.init_weights(model, std::uint64_t(config.run.seed));
   }
-  const std::int64_t done =
-      config.checkpoint.restart.empty() ? 0 : restore_state(config, grid, trainer);
+  // restart = 'latest' with no checkpoint yet (a job requeued before its first checkpoint)
+  // starts from step 0 with a warning; a named file, or a dangling `latest`, must exist.
+  bool resume = !config.checkpoint.restart.empty();
+  if (config.checkpoint.restart == "latest") {
+    int have = log::rank() == 0 && std::ifstream(checkpoint_dir(config) + "/latest").good();
+    MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!have)
+      log::warn(cat("checkpoint%restart = 'latest' but ", checkpoint_dir(config),
+                    " has no checkpoint yet: starting from step 0"));
+    resume = have != 0;
+  }
+  const std::int64_t done = resume ? restore_state(config, grid, trainer) : 0;
   if (config.checkpoint.every > 0 && log::rank() == 0) make_dirs(checkpoint_dir(config));
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
