@@ -61,10 +61,11 @@ test-quick: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -L quick
 
 install: build
-	cmake --install $(BUILD_DIR)
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 	@v=$$($(BUILD_DIR)/ptrain --version | awk '{print $$2}'); \
 	 mkdir -p $(PREFIX)/share/modulefiles/ptrain; \
-	 sed -e "s|@VERSION@|$$v|g" -e "s|@PREFIX@|$(PREFIX)|g" modules/ptrain/ptrain.lua.in \
+	 sed -e "s|@VERSION@|$$v|g" -e "s|@PREFIX@|$(PREFIX)|g" -e "s|@MODULE_DEPS@|$(MODULE_DEPS)|g" \
+	   modules/ptrain/ptrain.lua.in \
 	   > $(PREFIX)/share/modulefiles/ptrain/$$v.lua; \
 	 echo "installed modulefile $(PREFIX)/share/modulefiles/ptrain/$$v.lua"
 
