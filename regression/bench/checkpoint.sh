@@ -20,7 +20,7 @@ echo "disk: dd sequential write (1.5 GiB, fdatasync) = $disk MB/s"
 shape=(--set model%vocab=50304 --set model%seq_len=256 --set train%global_batch=4 --set train%micro_batch=2
        --set run%eval_every=0 --set data%val_fraction=0 --set backend%peak_gflops=100)
 mbps() {  # the MiB/s figure of a "... = X MiB/s" or "GiB/s" log line, in MB/s
-  sed -n "s/.*$1.* = \([0-9.]*\) \([KMG]iB\)\/s.*/\1 \2/p" "$2" | head -1 |
+  sed -n "s/.* = \([0-9.]*\) \([KMG]iB\)\/s $1.*/\1 \2/p" "$2" | head -1 |
     awk '{ m = ($2 == "GiB") ? 1073.741824 : ($2 == "MiB") ? 1.048576 : 0.001024; printf "%.0f", $1 * m }'
 }
 printf '%-8s %14s %14s %10s %10s\n' ranks "write MB/s" "read MB/s" "write/dd" "read/dd"
