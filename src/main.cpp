@@ -41,6 +41,7 @@
 #include "util/memory.hpp"
 #include "util/profile.hpp"
 #include "util/timer.hpp"
+#include "util/trace.hpp"
 #include "util/version.hpp"
 
 namespace {
@@ -405,6 +406,18 @@ int train(const Config& config, const Grid& grid, bool bench) {
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 
+  // run%trace: every rank's timeline from here on (time zero just after a barrier).
+  const std::string trace_dir = config.run.out_dir + "/trace";
+  if (config.run.trace && log::rank() == 0) make_dirs(trace_dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  trace::start(config.run.trace);
+  auto write_trace = [&] {
+    if (!config.run.trace) return;
+    trace::write(trace_dir, grid.world_rank());
+    log::info(cat("trace: per-rank timelines in ", trace_dir,
+                  "/rank*.csv (postprocess/plot_schedule.py draws them)"));
+  };
+
   RunLog runlog(config, peak, world, done + 1);
   std::int64_t profiled_steps = 0;
   const double t0 = wall_seconds();
@@ -431,11 +444,13 @@ int train(const Config& config, const Grid& grid, bool bench) {
     const int sig = agreed_stop_signal();
     if (periodic || sig) save_state(config, grid, trainer, s, r.lr);
     if (sig) {
+      write_trace();
       log::info(cat("stopped by signal ", sig, " after step ", s, " of ", config.run.steps,
                     "; resume with --set checkpoint%restart='latest'"));
       return kExitOk;
     }
   }
+  write_trace();
   if (done >= config.run.steps)
     log::info(cat("restart: the checkpoint is at step ", done, " of ", config.run.steps,
                   "; nothing left to train"));

@@ -5,6 +5,7 @@
 
 #include "util/error.hpp"
 #include "util/timer.hpp"
+#include "util/trace.hpp"
 
 namespace ptrain {
 
@@ -49,7 +50,11 @@ void Request::wait() {
   if (!pending()) return;
   const double t0 = wall_seconds();
   check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "wait");
-  if (comm_) comm_->stats_.exposed_s += wall_seconds() - t0;
+  const double t1 = wall_seconds();
+  if (comm_) {
+    comm_->stats_.exposed_s += t1 - t0;
+    if (comm_->size_ > 1) trace::record("wait", "comm:" + comm_->name_, t0, t1);
+  }
 }
 
 bool Request::test() {
@@ -116,7 +121,9 @@ Request Comm::all_gather(const T* send, T* recv, const std::vector<int>& counts)
 void Comm::all_reduce_sum_now(double* data, int n) {
   const double t0 = wall_seconds();
   check(MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_DOUBLE, MPI_SUM, comm_), "Allreduce");
-  stats_.exposed_s += wall_seconds() - t0;
+  const double t1 = wall_seconds();
+  stats_.exposed_s += t1 - t0;
+  if (size_ > 1) trace::record("all-reduce", "comm:" + name_, t0, t1);
   stats_.bytes += 2.0 * (size_ - 1) / size_ * n * sizeof(double);
   ++stats_.calls;
 }

@@ -39,7 +39,6 @@ void check_supported(const Config& c, int world_size) {
      "training with parallel%pp, cp or ep > 1 (data and tensor parallelism so far; --plan works)");
   (void)world_size;
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
-  no(c.run.trace, "run%trace = .true. (timeline traces)");
   no(c.train.recompute != "none", "train%recompute other than 'none'");
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");
 }

@@ -30,7 +30,7 @@ struct StepResult {
 
 // Refuses (Error, exit code 2, the same on every rank) what this version cannot train yet:
 // pipeline, context or expert parallelism, sequence parallelism, mixture of experts,
-// traces, recomputation, a device other than the CPU.
+// recomputation, a device other than the CPU.
 void check_supported(const Config& config, int world_size);
 
 template <class T>

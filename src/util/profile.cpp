@@ -8,6 +8,11 @@ std::vector<std::pair<std::string, double>> g_totals;
 }  // namespace
 
 void enable(bool on) { g_on = on; }
+
+bool is_communication(const char* name) {
+  const std::string n = name;
+  return n == "tp-comm" || n == "grad-sync" || n == "param-gather";
+}
 bool enabled() { return g_on; }
 
 void add(const char* name, double seconds) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "util/timer.hpp"
+#include "util/trace.hpp"
 
 namespace ptrain::profile {
 
@@ -17,10 +18,16 @@ void add(const char* name, double seconds);
 std::vector<std::pair<std::string, double>> totals();  // in first-seen order
 void reset();
 
-// Runs f, timing it under `name` when profiling is on.
+// True for the regions that wrap communication: their blocked time is traced by the
+// collectives themselves (comm/comm.hpp), per group.
+bool is_communication(const char* name);
+
+// Runs f, timing it under `name` when profiling is on, and recording it as compute on the
+// run%trace timeline.
 template <class F>
 void region(const char* name, F&& f) {
-  if (!enabled()) {
+  const bool traced = trace::enabled() && !is_communication(name);
+  if (!enabled() && !traced) {
     f();
     return;
   }
@@ -28,7 +35,9 @@ void region(const char* name, F&& f) {
   const double t0 = wall_seconds();
   f();
   Kokkos::fence();
-  add(name, wall_seconds() - t0);
+  const double t1 = wall_seconds();
+  if (enabled()) add(name, t1 - t0);
+  if (traced) trace::record(name, "compute", t0, t1);
 }
 
 }  // namespace ptrain::profile
