@@ -31,29 +31,11 @@ using model::TensorSpec;
 
 using ptrain::test::world_rank;
 using ptrain::test::world_size;
+using TempDir = ptrain::test::TempDir;
 
 namespace {
 
 
-// A folder under /tmp made by rank 0 for one test, removed at its end.
-class TempDir {
- public:
-  TempDir() {
-    char name[64] = "/tmp/ptrain-test-ckpt-XXXXXX";
-    if (world_rank() == 0 && !mkdtemp(name)) name[0] = '\0';
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
-    EXPECT_FALSE(path_.empty());
-  }
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0) std::filesystem::remove_all(path_);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 Config small_model(std::int64_t vocab, bool moe, std::int64_t layers = 4, std::int64_t C = 16) {
   Config c{};

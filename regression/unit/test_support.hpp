@@ -6,6 +6,9 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -101,5 +104,28 @@ inline HVec minus(const HVec& a, const HVec& b) {
   for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
   return d;
 }
+
+// A folder under /tmp made by rank 0 for one test, removed (after a barrier) at its end.
+class TempDir {
+ public:
+  TempDir() {
+    char name[64] = "/tmp/ptrain-test-XXXXXX";
+    if (world_rank() == 0 && !mkdtemp(name)) name[0] = '\0';
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+    EXPECT_FALSE(path_.empty());
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::filesystem::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace ptrain::test

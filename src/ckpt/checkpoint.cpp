@@ -119,22 +119,8 @@ std::string collect_holdings(const std::vector<ChunkLayout>& chunks, const Buffe
 // Every rank learns every tensor of the model (the union of all layouts) by name.
 std::map<std::string, Shape> gather_names(MPI_Comm comm, const std::map<std::string, Shape>& known,
                                           const std::string& where) {
-  Packer mine;
-  for (const auto& [name, shape] : known) {
-    mine.str(name);
-    mine.shape(shape);
-  }
-  const std::string all = allgather_bytes(comm, mine.bytes, where);
-  std::map<std::string, Shape> names;
   std::string error;
-  for (Unpacker in(all.data(), all.size()); !in.done();) {
-    std::string name = in.str();
-    Shape shape = in.shape();
-    auto [it, fresh] = names.emplace(name, shape);
-    if (!fresh && it->second != shape && error.empty())
-      error = cat(name, ": ranks disagree on its global shape (", format_shape(it->second), " and ",
-                  format_shape(shape), ")");
-  }
+  auto names = union_of_shapes(comm, known, where, error);
   agree(comm, error.empty() ? "" : where + error);
   return names;
 }

@@ -503,4 +503,24 @@ Catalog shared_catalog(MPI_Comm comm, const std::string& path,
   return Catalog::unpack(broadcast_string(comm, 0, std::move(bytes)));
 }
 
+std::map<std::string, Shape> union_of_shapes(MPI_Comm comm, const std::map<std::string, Shape>& mine,
+                                             const std::string& where, std::string& error) {
+  Packer packed;
+  for (const auto& [name, shape] : mine) {
+    packed.str(name);
+    packed.shape(shape);
+  }
+  const std::string all = allgather_bytes(comm, packed.bytes, where);
+  std::map<std::string, Shape> names;
+  for (Unpacker in(all.data(), all.size()); !in.done();) {
+    std::string name = in.str();
+    Shape shape = in.shape();
+    auto [it, fresh] = names.emplace(name, shape);
+    if (!fresh && it->second != shape && error.empty())
+      error = cat(name, ": ranks disagree on its global shape (", format_shape(it->second), " and ",
+                  format_shape(shape), ")");
+  }
+  return names;
+}
+
 }  // namespace ptrain::ckpt::detail

@@ -182,6 +182,11 @@ std::string allgather_bytes(MPI_Comm comm, const std::string& mine, const std::s
 // Makes every rank throw the same error when any rank found one (the lowest such rank's).
 void agree(MPI_Comm comm, const std::string& local_error);
 
+// The union over the ranks of their (tensor name -> global shape) maps, sorted by name.
+// Sets `error` (when empty) if two ranks disagree on a shape; the caller agrees on it.
+std::map<std::string, Shape> union_of_shapes(MPI_Comm comm, const std::map<std::string, Shape>& mine,
+                                             const std::string& where, std::string& error);
+
 // Throws "<where><what> differ between ranks" unless `bytes` is the same on every rank.
 void require_same_on_all_ranks(MPI_Comm comm, const std::string& bytes, const std::string& where,
                                const std::string& what);

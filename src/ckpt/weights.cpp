@@ -74,23 +74,11 @@ std::string collect_held(const std::vector<ChunkLayout>& chunks, const std::vect
 // holder of (sorted by name). Then checks that each tensor held here is among them.
 std::map<std::string, Shape> gather_union(MPI_Comm comm, const std::map<std::string, Held>& held,
                                           const char* role, const std::string& where) {
-  Packer mine;
+  std::map<std::string, Shape> mine;
   for (const auto& [name, h] : held)
-    if (h.primary) {
-      mine.str(name);
-      mine.shape(h.spec().global_shape);
-    }
-  const std::string all = allgather_bytes(comm, mine.bytes, where);
-  std::map<std::string, Shape> names;
+    if (h.primary) mine.emplace(name, h.spec().global_shape);
   std::string error;
-  for (Unpacker in(all.data(), all.size()); !in.done();) {
-    std::string name = in.str();
-    Shape shape = in.shape();
-    auto [it, fresh] = names.emplace(name, shape);
-    if (!fresh && it->second != shape && error.empty())
-      error = cat(name, ": ranks disagree on its global shape (", format_shape(it->second), " and ",
-                  format_shape(shape), ")");
-  }
+  const auto names = union_of_shapes(comm, mine, where, error);
   if (error.empty())
     for (const auto& [name, h] : held) {
       auto it = names.find(name);
