@@ -271,6 +271,16 @@ std::string plan_report(const Config& config, const Layout& layout) {
                   format_bytes(c.bytes_per_step).c_str(), c.formula.c_str());
     line(row);
   }
+  if (par.tp > 1) {
+    // Per block and micro-batch: two all-reduces of (b, s, h) each way (with sequence
+    // parallelism the same bytes as reduce-scatter + all-gather pairs).
+    const double T = double(par.tp);
+    const double per_block = 4.0 * 2.0 * (T - 1) / T * double(config.train.micro_batch) *
+                             double(d.S / par.cp) * double(d.C) * double(dtype_bytes(config));
+    line(cat("  tp per block and micro-batch: ", format_bytes(per_block),
+             par.sequence_parallel ? " (4 reduce-scatter/all-gather pairs of b*s*h)"
+                                   : " (4 all-reduces of b*s*h: 2 forward, 2 backward)"));
+  }
   return r;
 }
 
