@@ -28,8 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/checkpoint.hpp"
-#include "ckpt/weights.hpp"
+#include "ckpt/training.hpp"
 #include "deck/deck.hpp"
 #include "grid/grid.hpp"
 #include "kernels/gemm.hpp"
@@ -254,17 +253,6 @@ std::string bench_report(double step_seconds, std::int64_t steps) {
   return r;
 }
 
-// Writes final.h5 / reads init_from: exactly one holder of every element: the first
-// data-parallel replica, and for tensors every tp rank holds whole, tp rank 0.
-ckpt::TensorPredicate one_holder(const Grid& grid) {
-  const bool first_replica =
-      grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0;
-  const bool tp_root = grid.coord(Axis::t) == 0;
-  return [first_replica, tp_root](const model::TensorSpec& t) {
-    return first_replica && (tp_root || t.local_shape != t.global_shape);
-  };
-}
-
 // SIGUSR1 / SIGTERM (Slurm's --signal and time limit): the first asks every rank to finish
 // the step, write a checkpoint and exit 0; a second one exits at once.
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -278,79 +266,6 @@ int agreed_stop_signal() {
   int sig = int(g_stop_signal);
   MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   return sig;
-}
-
-std::string checkpoint_dir(const Config& config) {
-  const std::string& d = config.checkpoint.dir;
-  return !d.empty() && d[0] == '/' ? d : config.run.out_dir + "/" + d;
-}
-
-// What this rank owns of the training state: the parameters and AdamW moments over the
-// optimizer's range (the whole chunk under ZeRO 0, the rank's shard otherwise). One holder
-// writes each element: any rank under ZeRO >= 1 (shards are disjoint), the first replica
-// under ZeRO 0; tp rank 0 for tensors every tp rank holds whole.
-template <class P, class T>
-ckpt::Buffers<P> owned_state(parallel::Trainer<T>& trainer) {
-  auto& dp = trainer.data_parallel();
-  const auto lo = std::size_t(dp.update_lo()), hi = std::size_t(dp.update_hi());
-  ckpt::Buffers<P> b;
-  b.params.push_back({dp.update_params().data(), lo, hi});
-  const auto state = trainer.optimizer().state();
-  b.moments = !state.empty();
-  for (const auto& [name, view] : state) (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
-  return b;
-}
-
-ckpt::TensorPredicate state_holder(const Config& config, const Grid& grid) {
-  const bool writes =
-      config.parallel.zero >= 1 ||
-      (grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0);
-  const bool tp_root = grid.coord(Axis::t) == 0;
-  return [writes, tp_root](const model::TensorSpec& t) {
-    return writes && (tp_root || t.local_shape != t.global_shape);
-  };
-}
-
-std::string rate(double bytes, double seconds) {
-  return cat(format_bytes(bytes), " in ", fixed("%.2f", seconds),
-             " s = ", format_bytes(seconds > 0 ? bytes / seconds : 0), "/s");
-}
-
-template <class T>
-void save_state(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer,
-                std::int64_t step, double lr) {
-  const ckpt::CheckpointState state{step, step * config.train.global_batch, trainer.optimizer().t(),
-                                    std::uint64_t(config.run.seed), lr};
-  const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
-                                                 {"deck", deck::echo(config)},
-                                                 {"grid", grid.shape().str()},
-                                                 {"zero", std::to_string(config.parallel.zero)},
-                                                 {"run", config.run.name}};
-  const auto report =
-      ckpt::save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
-                               owned_state<const T>(trainer), state_holder(config, grid), state,
-                               attrs, int(config.checkpoint.keep));
-  log::info(cat("checkpoint: step ", step, " -> ", report.path, " (",
-                rate(double(report.file_bytes), report.write_seconds), " written, verified in ",
-                fixed("%.2f", report.verify_seconds), " s)"));
-}
-
-// Resumes from checkpoint%restart; returns the last step it had done.
-template <class T>
-std::int64_t restore_state(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
-  ckpt::CheckpointLoadReport report;
-  const auto state = ckpt::load_checkpoint<T>(
-      config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
-      owned_state<T>(trainer), state_holder(config, grid), &report);
-  trainer.data_parallel().finish_step();  // ZeRO 1/2: shards -> whole parameters
-  trainer.optimizer().set_t(state.optimizer_t);
-  PTRAIN_REQUIRE(state.seed == std::uint64_t(config.run.seed), "restart: ", report.path,
-                 " was written with run%seed = ", state.seed, ", this run has ", config.run.seed);
-  log::info(cat("restart: ", report.path, " at step ", state.step, " (written on ",
-                report.attributes.count("grid") ? report.attributes.at("grid") : "?", ", ZeRO ",
-                report.attributes.count("zero") ? report.attributes.at("zero") : "?", "); ",
-                rate(double(report.bytes_read), report.seconds), " read"));
-  return state.step;
 }
 
 template <class T>
@@ -375,34 +290,9 @@ int train(const Config& config, const Grid& grid, bool bench) {
     log::info(cat("data: entropy floor of the synthetic process = ", fixed("%.4f", *floor),
                   " nats/token (the best achievable loss)"));
 
-  // Weights files hold the whole model; each rank reads it all and keeps its part (under
-  // ZeRO 3 its shard), and writes from a whole copy gathered over the data-parallel group.
-  const auto chunks = std::vector<model::ChunkLayout>{model.layout()};
-  auto& dp = trainer.data_parallel();
-  if (!config.model.init_from.empty()) {
-    ckpt::LoadReport report;
-    std::vector<T> whole(std::size_t(model.layout().numel));
-    ckpt::load_weights<T>(config.model.init_from, MPI_COMM_WORLD, chunks, {whole.data()},
-                          one_holder(grid), &report);
-    dp.set_weights(whole.data());
-    log::info(
-        cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
-  } else {
-    dp.init_weights(model, std::uint64_t(config.run.seed));
-  }
-  // restart = 'latest' with no checkpoint yet (a job requeued before its first checkpoint)
-  // starts from step 0 with a warning; a named file, or a dangling `latest`, must exist.
-  bool resume = !config.checkpoint.restart.empty();
-  if (config.checkpoint.restart == "latest") {
-    int have = log::rank() == 0 && std::ifstream(checkpoint_dir(config) + "/latest").good();
-    MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!have)
-      log::warn(cat("checkpoint%restart = 'latest' but ", checkpoint_dir(config),
-                    " has no checkpoint yet: starting from step 0"));
-    resume = have != 0;
-  }
-  const std::int64_t done = resume ? restore_state(config, grid, trainer) : 0;
-  if (config.checkpoint.every > 0 && log::rank() == 0) make_dirs(checkpoint_dir(config));
+  ckpt::initialise(config, grid, trainer);  // init_from, or from the seed
+  const std::int64_t done = ckpt::resume(config, grid, trainer);
+  if (config.checkpoint.every > 0 && log::rank() == 0) make_dirs(ckpt::checkpoint_dir(config));
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 
@@ -442,7 +332,7 @@ int train(const Config& config, const Grid& grid, bool bench) {
     runlog.step(r, val, wall_seconds() - t0);
     const bool periodic = config.checkpoint.every > 0 && s % config.checkpoint.every == 0;
     const int sig = agreed_stop_signal();
-    if (periodic || sig) save_state(config, grid, trainer, s, r.lr);
+    if (periodic || sig) ckpt::save(config, grid, trainer, s, r.lr);
     if (sig) {
       write_trace();
       log::info(cat("stopped by signal ", sig, " after step ", s, " of ", config.run.steps,
@@ -455,18 +345,7 @@ int train(const Config& config, const Grid& grid, bool bench) {
     log::info(cat("restart: the checkpoint is at step ", done, " of ", config.run.steps,
                   "; nothing left to train"));
 
-  if (config.checkpoint.save_final) {
-    const std::string path = config.run.out_dir + "/final.h5";
-    std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
-                                             {"deck", deck::echo(config)},
-                                             {"grid", grid.shape().str()},
-                                             {"step", std::to_string(config.run.steps)}};
-    const double w0 = wall_seconds();
-    const std::vector<T> whole = dp.gather_weights();
-    ckpt::save_weights<T>(path, MPI_COMM_WORLD, chunks, {whole.data()}, one_holder(grid), attrs);
-    log::info(cat("checkpoint: final weights written to ", path, " in ",
-                  fixed("%.2f", wall_seconds() - w0), " s"));
-  }
+  if (config.checkpoint.save_final) ckpt::save_final(config, grid, trainer);
 
   const double tok_s = busy > 0 ? tokens / busy : 0;
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;

@@ -1,0 +1,163 @@
+#include "ckpt/training.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/weights.hpp"
+#include "deck/deck.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "util/memory.hpp"
+#include "util/timer.hpp"
+#include "util/version.hpp"
+
+namespace ptrain::ckpt {
+
+namespace {
+
+// "1.40 GiB in 3.21 s = 445.12 MiB/s"
+std::string rate(double bytes, double seconds) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", seconds);
+  return cat(format_bytes(bytes), " in ", s,
+             " s = ", format_bytes(seconds > 0 ? bytes / seconds : 0), "/s");
+}
+
+// Weights files: one holder of every element, the first data-parallel replica, and for
+// tensors every tp rank holds whole, tp rank 0.
+TensorPredicate weights_holder(const Grid& grid) {
+  const bool first_replica =
+      grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0;
+  const bool tp_root = grid.coord(Axis::t) == 0;
+  return [first_replica, tp_root](const model::TensorSpec& t) {
+    return first_replica && (tp_root || t.local_shape != t.global_shape);
+  };
+}
+
+// Checkpoints: each rank owns the parameters and AdamW moments over its optimizer range
+// (the whole chunk under ZeRO 0, its shard otherwise). One holder writes each element: any
+// rank under ZeRO >= 1 (shards are disjoint), the first replica under ZeRO 0; tp rank 0 for
+// tensors every tp rank holds whole.
+TensorPredicate state_holder(const Config& config, const Grid& grid) {
+  const bool writes =
+      config.parallel.zero >= 1 ||
+      (grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0);
+  const bool tp_root = grid.coord(Axis::t) == 0;
+  return [writes, tp_root](const model::TensorSpec& t) {
+    return writes && (tp_root || t.local_shape != t.global_shape);
+  };
+}
+
+template <class P, class T>
+Buffers<P> owned_state(parallel::Trainer<T>& trainer) {
+  auto& dp = trainer.data_parallel();
+  const auto lo = std::size_t(dp.update_lo()), hi = std::size_t(dp.update_hi());
+  Buffers<P> b;
+  b.params.push_back({dp.update_params().data(), lo, hi});
+  const auto state = trainer.optimizer().state();
+  b.moments = !state.empty();
+  for (const auto& [name, view] : state) (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
+  return b;
+}
+
+}  // namespace
+
+std::string checkpoint_dir(const Config& config) {
+  const std::string& d = config.checkpoint.dir;
+  return !d.empty() && d[0] == '/' ? d : config.run.out_dir + "/" + d;
+}
+
+template <class T>
+void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
+  auto& dp = trainer.data_parallel();
+  if (config.model.init_from.empty()) {
+    dp.init_weights(trainer.model(), std::uint64_t(config.run.seed));
+    return;
+  }
+  LoadReport report;
+  std::vector<T> whole(std::size_t(trainer.model().layout().numel));
+  load_weights<T>(config.model.init_from, MPI_COMM_WORLD, {trainer.model().layout()},
+                  {whole.data()}, weights_holder(grid), &report);
+  dp.set_weights(whole.data());
+  log::info(cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
+}
+
+template <class T>
+std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
+  if (config.checkpoint.restart.empty()) return 0;
+  if (config.checkpoint.restart == "latest") {
+    int have = log::rank() == 0 && std::ifstream(checkpoint_dir(config) + "/latest").good();
+    MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!have) {
+      log::warn(cat("checkpoint%restart = 'latest' but ", checkpoint_dir(config),
+                    " has no checkpoint yet: starting from step 0"));
+      return 0;
+    }
+  }
+  CheckpointLoadReport report;
+  const auto state = load_checkpoint<T>(
+      config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
+      owned_state<T>(trainer), state_holder(config, grid), &report);
+  trainer.data_parallel().finish_step();  // ZeRO 1/2: shards -> whole parameters
+  trainer.optimizer().set_t(state.optimizer_t);
+  PTRAIN_REQUIRE(state.seed == std::uint64_t(config.run.seed), "restart: ", report.path,
+                 " was written with run%seed = ", state.seed, ", this run has ", config.run.seed);
+  auto attr = [&](const char* k) {
+    return report.attributes.count(k) ? report.attributes.at(k) : std::string("?");
+  };
+  log::info(cat("restart: ", report.path, " at step ", state.step, " (written on ", attr("grid"),
+                ", ZeRO ", attr("zero"), "); ", rate(double(report.bytes_read), report.seconds),
+                " read"));
+  return state.step;
+}
+
+template <class T>
+void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer, std::int64_t step,
+          double lr) {
+  const CheckpointState state{step, step * config.train.global_batch, trainer.optimizer().t(),
+                              std::uint64_t(config.run.seed), lr};
+  const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
+                                                 {"deck", deck::echo(config)},
+                                                 {"grid", grid.shape().str()},
+                                                 {"zero", std::to_string(config.parallel.zero)},
+                                                 {"run", config.run.name}};
+  const auto report =
+      save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
+                         owned_state<const T>(trainer), state_holder(config, grid), state, attrs,
+                         int(config.checkpoint.keep));
+  char verify[32];
+  std::snprintf(verify, sizeof verify, "%.2f", report.verify_seconds);
+  log::info(cat("checkpoint: step ", step, " -> ", report.path, " (",
+                rate(double(report.file_bytes), report.write_seconds), " written, verified in ",
+                verify, " s)"));
+}
+
+template <class T>
+void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
+  const std::string path = config.run.out_dir + "/final.h5";
+  const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
+                                                 {"deck", deck::echo(config)},
+                                                 {"grid", grid.shape().str()},
+                                                 {"step", std::to_string(config.run.steps)}};
+  const double t0 = wall_seconds();
+  const std::vector<T> whole = trainer.data_parallel().gather_weights();
+  save_weights<T>(path, MPI_COMM_WORLD, {trainer.model().layout()}, {whole.data()},
+                  weights_holder(grid), attrs);
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", wall_seconds() - t0);
+  log::info(cat("checkpoint: final weights written to ", path, " in ", s, " s"));
+}
+
+#define PTRAIN_TRAINING_INSTANTIATE(T)                                                            \
+  template void initialise<T>(const Config&, const Grid&, parallel::Trainer<T>&);                 \
+  template std::int64_t resume<T>(const Config&, const Grid&, parallel::Trainer<T>&);             \
+  template void save<T>(const Config&, const Grid&, parallel::Trainer<T>&, std::int64_t, double); \
+  template void save_final<T>(const Config&, const Grid&, parallel::Trainer<T>&);
+PTRAIN_TRAINING_INSTANTIATE(float)
+PTRAIN_TRAINING_INSTANTIATE(double)
+#undef PTRAIN_TRAINING_INSTANTIATE
+
+}  // namespace ptrain::ckpt

@@ -1,0 +1,39 @@
+// ckpt/training.hpp — a Trainer's weights and state to and from files: the initial weights
+// (model%init_from, or the seed), checkpoints (every N steps, or on a signal), restart, and
+// the final weights. The driver calls these; the file formats are in weights.hpp and
+// checkpoint.hpp.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "deck/config.hpp"
+#include "grid/grid.hpp"
+#include "parallel/trainer.hpp"
+
+namespace ptrain::ckpt {
+
+// checkpoint%dir, relative to run%out_dir unless absolute.
+std::string checkpoint_dir(const Config& config);
+
+// model%init_from (every rank reads the whole file and keeps its part), else the GPT-2
+// init from run%seed.
+template <class T>
+void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer);
+
+// checkpoint%restart on any grid: returns the step to continue after (0: from the start).
+// 'latest' with no checkpoint in the folder yet (a job requeued before its first one)
+// starts from the beginning with a warning; a named file or a dangling `latest` must exist.
+template <class T>
+std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer);
+
+// A checkpoint after `step` (lr: that step's learning rate, informational), logged with
+// its bandwidth.
+template <class T>
+void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer, std::int64_t step,
+          double lr);
+
+// out_dir/final.h5 (checkpoint%save_final).
+template <class T>
+void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer);
+
+}  // namespace ptrain::ckpt
