@@ -10,6 +10,8 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 
+#include "util/kmath.hpp"
+
 namespace ptrain::rng {
 
 struct Block {
@@ -87,15 +89,9 @@ KOKKOS_INLINE_FUNCTION double uniform(std::uint64_t seed, std::uint64_t stream, 
 //   z = sqrt(-2 ln u1) cos(2 pi u2),  u1, u2 in (0, 1).
 KOKKOS_INLINE_FUNCTION double normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t a,
                                      std::uint64_t b = 0) {
-#if KOKKOS_VERSION >= 40000
-  using Kokkos::cos;
-  using Kokkos::log;
-  using Kokkos::sqrt;
-#else
-  using Kokkos::Experimental::cos;
-  using Kokkos::Experimental::log;
-  using Kokkos::Experimental::sqrt;
-#endif
+  using kmath::cos;
+  using kmath::log;
+  using kmath::sqrt;
   const Block r = block(seed, stream, a, b);
   const double u1 = to_open_unit(std::uint64_t(r.w[0]) | (std::uint64_t(r.w[1]) << 32));
   const double u2 = to_open_unit(std::uint64_t(r.w[2]) | (std::uint64_t(r.w[3]) << 32));

@@ -1,6 +1,5 @@
 // kernels/detail_math.hpp — math used inside kernels (private to src/kernels/*.cpp).
-// - Kokkos 3.4-3.6 spell the math functions Kokkos::Experimental::exp; 3.7+ and 4.x
-//   spell them Kokkos::exp. kmath:: hides the difference.
+// - kmath:: is util/kmath.hpp's spelling of the Kokkos math functions.
 // - exp_ / tanh_ on float use a polynomial exp on the host that compilers vectorize (the
 //   libm call does not vectorize and dominated the softmax, cross-entropy and GELU
 //   kernels); double and device code use the library functions.
@@ -11,13 +10,9 @@
 #include <cstdint>
 #include <cstring>
 
-namespace ptrain::kernels::detail {
+#include "util/kmath.hpp"
 
-#if KOKKOS_VERSION >= 30700
-namespace kmath = ::Kokkos;
-#else
-namespace kmath = ::Kokkos::Experimental;
-#endif
+namespace ptrain::kernels::detail {
 
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)
 #define PTRAIN_KERNELS_DEVICE_PASS 1

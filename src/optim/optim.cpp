@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "util/error.hpp"
+#include "util/kmath.hpp"
 
 namespace ptrain::optim {
 
@@ -72,15 +73,6 @@ std::vector<Segment> shard_segments(const std::vector<Segment>& segments, std::s
 namespace detail {
 
 template <class T>
-KOKKOS_INLINE_FUNCTION T square_root(T x) {
-#if KOKKOS_VERSION >= 40000
-  return Kokkos::sqrt(x);
-#else
-  return Kokkos::Experimental::sqrt(x);
-#endif
-}
-
-template <class T>
 struct AdamWCoeffs {
   T keep;        // 1 - lr*wd on decayed elements
   T b1, one_b1;  // beta1, 1 - beta1
@@ -105,7 +97,7 @@ void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
         const T vi = v(i) * c.b2 + c.one_b2 * gi * gi;
         m(i) = mi;
         v(i) = vi;
-        const T denom = square_root(vi) / c.sqrt_bc2 + c.eps;
+        const T denom = kmath::sqrt(vi) / c.sqrt_bc2 + c.eps;
         p(i) = x + (-c.step_size * mi) / denom;
       });
 }
@@ -215,7 +207,8 @@ double sum_of_squares(const Kokkos::View<T*>& x) {
             part[k] += xi * xi;
           }
         for (; i < hi; ++i) part[0] += double(x(i)) * double(x(i));
-        acc += ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        acc += ((part[0] + part[1]) + (part[2] + part[3])) +
+               ((part[4] + part[5]) + (part[6] + part[7]));
       },
       sum);
   return sum;
