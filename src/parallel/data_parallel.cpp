@@ -171,10 +171,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     for (auto& s : grad_slots_)
       if (s.unit == unit && s.open) w = &s;
     // Reduce-scatter the unit's range onto the shards it overlaps.
-    std::vector<int> counts(std::size_t(dp_.D_));
-    for (int r = 0; r < dp_.D_; ++r)
-      counts[std::size_t(r)] = int(overlap(u.lo, u.hi, r).second - overlap(u.lo, u.hi, r).first);
-    w->req = dp_.group_.reduce_scatter_sum(w->buf.data(), w->recv.data(), counts);
+    w->req = dp_.group_.reduce_scatter_sum(w->buf.data(), w->recv.data(), shard_counts(u));
     w->pending_fold = true;
     w->open = false;
     progress();
@@ -244,19 +241,22 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     return {a, std::max(a, b)};
   }
 
-  // All-gather unit `unit` from the shards into window w (not waited).
-  void gather(Window& w, int unit) {
-    w.req.wait();
-    const Unit& u = units_[std::size_t(unit)];
+  // How many elements of unit u each shard holds (the reduce-scatter and all-gather counts).
+  std::vector<int> shard_counts(const Unit& u) const {
     std::vector<int> counts(std::size_t(dp_.D_));
     for (int r = 0; r < dp_.D_; ++r) {
       const auto [a, b] = overlap(u.lo, u.hi, r);
       counts[std::size_t(r)] = int(b - a);
     }
-    const auto [a, b] = overlap(u.lo, u.hi, dp_.r_);
-    const T* mine = params_.data() + (a - dp_.r_ * dp_.sizes_.shard);
-    (void)b;
-    w.req = dp_.group_.all_gather(mine, w.buf.data(), counts);
+    return counts;
+  }
+
+  // All-gather unit `unit` from the shards into window w (not waited).
+  void gather(Window& w, int unit) {
+    w.req.wait();
+    const Unit& u = units_[std::size_t(unit)];
+    const std::int64_t mine = overlap(u.lo, u.hi, dp_.r_).first - dp_.r_ * dp_.sizes_.shard;
+    w.req = dp_.group_.all_gather(params_.data() + mine, w.buf.data(), shard_counts(u));
     w.unit = unit;
   }
 
