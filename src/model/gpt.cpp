@@ -417,18 +417,13 @@ void GPT<T>::backward(T dloss) {
   const K::Vec<T> dfull = sp ? s.take(std::int64_t(BT) * C) : dres;
   const K::Vec<T> dnorm = sp ? s.take(2 * std::int64_t(C)) : K::Vec<T>();
   dres = slice(dres, 0, std::int64_t(R) * C);
-  auto dln_mine = [&] { return slice(dln, 0, std::int64_t(R) * C); };
 
-  // d(LN out) over all rows -> this rank's rows of its tp sum: all-reduce, or reduce-scatter.
+  // d(LN out) over all rows -> this rank's rows of its tp sum (all-reduce in place, or
+  // reduce-scatter into dfull, which is free until the next gathered_dres()).
   auto reduce_dln = [&]() -> K::Vec<T> {
-    if (!sp) {
-      tp_sum(dln);
-      return dln;
-    }
-    const std::vector<int> counts(std::size_t(tp_->size()), R * C);
-    tp_->reduce_scatter_sum(dln.data(), dfull.data(), counts).wait();
-    K::copy<T>(dln_mine(), slice(dfull, 0, std::int64_t(R) * C));
-    return dln_mine();
+    const K::Vec<T> rows = sp ? slice(dfull, 0, std::int64_t(R) * C) : dln;
+    tp_sum_to_rows(dln, rows);
+    return rows;
   };
   // LayerNorm backward on this rank's rows: dres += LN'(dy); d(weight), d(bias) accumulated —
   // under sequence parallelism from a partial that is first summed over tp.
