@@ -15,6 +15,9 @@
 namespace ptrain::kernels {
 namespace {
 
+// A block of `want` rows out of n, never larger than n (and at least 1).
+int block_rows(int want, int n) { return want < n ? want : (n > 0 ? n : 1); }
+
 void require_len(const char* what, std::size_t extent, std::size_t need) {
   PTRAIN_REQUIRE(extent >= need, what, ": view of ", extent, " elements, needs ", need);
 }
@@ -75,8 +78,8 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
   require_len("attention_forward out", out.extent(0), std::size_t(B) * Tq * C);
   require_len("attention_forward lse", lse.extent(0), std::size_t(B) * NH * Tq);
 
-  const int bq = cfg.q_block < Tq ? cfg.q_block : (Tq > 0 ? Tq : 1);
-  const int bk = cfg.k_block < Tk ? cfg.k_block : (Tk > 0 ? Tk : 1);
+  const int bq = block_rows(cfg.q_block, Tq);
+  const int bk = block_rows(cfg.k_block, Tk);
   // workspace: scores/probabilities (bq, bk) | output accumulator (bq, HS) | max (bq) | sum (bq)
   const std::size_t s_off = 0, acc_off = std::size_t(bq) * bk,
                     m_off = acc_off + std::size_t(bq) * HS, l_off = m_off + bq;
@@ -171,8 +174,8 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
     zero_heads(dv, B, Tk, C);
   }
 
-  const int bq = cfg.q_block < Tq ? cfg.q_block : (Tq > 0 ? Tq : 1);
-  const int bk = cfg.k_block < Tk ? cfg.k_block : (Tk > 0 ? Tk : 1);
+  const int bq = block_rows(cfg.q_block, Tq);
+  const int bk = block_rows(cfg.k_block, Tk);
   // workspace: P (bq, bk) | dP, then dS (bq, bk) | D = rowsum(dO * O) (bq)
   const std::size_t p_off = 0, ds_off = std::size_t(bq) * bk, d_off = 2 * std::size_t(bq) * bk;
   TrackedView<T> work(MemCategory::workspace, "attention_backward_work", d_off + bq);
