@@ -4,8 +4,6 @@
 // function of (tensor, global index); the file's shapes and checksums read independently
 // with plain HDF5 and h5dump; and every refused file refused alike on all ranks.
 #include <gtest/gtest.h>
-
-#include "test_support.hpp"
 #include <hdf5.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -20,7 +18,9 @@
 #include <vector>
 
 #include "ckpt/weights.hpp"
+#include "ckpt_test_support.hpp"
 #include "model/layout.hpp"
+#include "test_support.hpp"
 #include "util/error.hpp"
 
 using namespace ptrain;
@@ -32,47 +32,21 @@ using model::TensorSpec;
 using ptrain::test::world_rank;
 using ptrain::test::world_size;
 using TempDir = ptrain::test::TempDir;
+using ptrain::test::blocks_at;
+using ptrain::test::global_index;
+using ptrain::test::Place;
+using ptrain::test::place;
+using ptrain::test::same_blocks;
+using ptrain::test::small_model;
+using ptrain::test::with_decomp;
 
 namespace {
-
-
-
-Config small_model(std::int64_t vocab, bool moe, std::int64_t layers = 4, std::int64_t C = 16) {
-  Config c{};
-  c.model.n_layer = layers;
-  c.model.d_model = C;
-  c.model.n_head = 4;
-  c.model.vocab = vocab;
-  c.model.seq_len = 8;
-  c.model.ffn_mult = 2;
-  c.model.n_expert = moe ? 4 : 0;
-  c.model.top_k = 2;
-  c.model.moe_every = 2;
-  c.parallel.tp = c.parallel.pp = c.parallel.ep = c.parallel.virtual_stages = 1;
-  return c;
-}
 
 // A decomposition of the model over the world: tp fastest, then pp, then ep, then replicas.
 struct Decomp {
   int T = 1, P = 1, V = 1, E = 1;
   std::string label() const { return cat("tp", T, "_pp", P, "_vs", V, "_ep", E); }
 };
-struct Place {
-  model::ShardCoord coord;
-  int d = 0;  // replica index
-};
-Place place(const Decomp& g, int rank) {
-  Place p;
-  p.coord.T = g.T;
-  p.coord.P = g.P;
-  p.coord.E = g.E;
-  p.coord.virtual_stages = g.V;
-  p.coord.t = rank % g.T;
-  p.coord.p = rank / g.T % g.P;
-  p.coord.e = rank / (g.T * g.P) % g.E;
-  p.d = rank / (g.T * g.P * g.E);
-  return p;
-}
 
 // The decompositions this world size can hold (the model has 4 heads, 4 layers, 4 experts).
 std::vector<Decomp> decompositions() {
@@ -100,28 +74,6 @@ std::int64_t slab_elements(const TensorSpec& t) {
   return n;
 }
 
-Config with_decomp(Config c, const Decomp& g) {
-  c.parallel.tp = g.T;
-  c.parallel.pp = g.P;
-  c.parallel.ep = g.E;
-  c.parallel.virtual_stages = g.V;
-  return c;
-}
-
-// The blocks each tensor has at a coordinate, by name.
-std::map<std::string, std::vector<Slab>> blocks_at(const Config& c, const model::ShardCoord& at) {
-  std::map<std::string, std::vector<Slab>> out;
-  for (const auto& chunk : model::build_layout(c, at))
-    for (const auto& t : chunk.tensors) out[t.name] = t.slabs;
-  return out;
-}
-bool same_blocks(const std::vector<Slab>& a, const std::vector<Slab>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].start != b[i].start || a[i].count != b[i].count) return false;
-  return true;
-}
-
 // Exactly one holder of every element: the first replica, never the tied copy, and t == 0
 // (e == 0) for tensors whose blocks do not depend on t (e), found by building the layout
 // at t = 0 (e = 0).
@@ -147,16 +99,6 @@ double value(const std::string& name, std::int64_t i) {
 }
 
 // Global row-major index of element k (row-major inside the slab) of slab s.
-std::int64_t global_index(const Shape& g, const Slab& s, std::int64_t k) {
-  std::vector<std::int64_t> pos(g.size());
-  for (std::size_t j = g.size(); j-- > 0;) {
-    pos[j] = s.start[j] + k % s.count[j];
-    k /= s.count[j];
-  }
-  std::int64_t idx = 0;
-  for (std::size_t j = 0; j < g.size(); ++j) idx = idx * g[j] + pos[j];
-  return idx;
-}
 
 constexpr double kJunk = -7777.0;
 

@@ -24,6 +24,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/common.hpp"
+#include "ckpt_test_support.hpp"
 #include "model/layout.hpp"
 #include "test_support.hpp"
 #include "util/error.hpp"
@@ -37,26 +38,17 @@ using model::TensorSpec;
 using ptrain::test::world_rank;
 using ptrain::test::world_size;
 using TempDir = ptrain::test::TempDir;
+using ptrain::test::blocks_at;
+using ptrain::test::global_index;
+using ptrain::test::Place;
+using ptrain::test::place;
+using ptrain::test::same_blocks;
+using ptrain::test::small_model;
+using ptrain::test::with_decomp;
 
 namespace {
 
-
 void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
-
-Config small_model(std::int64_t vocab, bool moe, std::int64_t layers = 4, std::int64_t C = 16) {
-  Config c{};
-  c.model.n_layer = layers;
-  c.model.d_model = C;
-  c.model.n_head = 4;
-  c.model.vocab = vocab;
-  c.model.seq_len = 8;
-  c.model.ffn_mult = 2;
-  c.model.n_expert = moe ? 4 : 0;
-  c.model.top_k = 2;
-  c.model.moe_every = 2;
-  c.parallel.tp = c.parallel.pp = c.parallel.ep = c.parallel.virtual_stages = 1;
-  return c;
-}
 
 // Who owns what along the data-parallel axis (the replicas left after tp, pp and ep):
 //   replicated  every replica owns its whole chunk, replica 0 is the holder (ZeRO 0, load)
@@ -76,29 +68,6 @@ struct Decomp {
     return cat("tp", T, "_pp", P, "_vs", V, "_ep", E, "_dp", D(), o);
   }
 };
-struct Place {
-  model::ShardCoord coord;
-  int d = 0;
-};
-Place place(const Decomp& g, int rank) {
-  Place p;
-  p.coord.T = g.T;
-  p.coord.P = g.P;
-  p.coord.E = g.E;
-  p.coord.virtual_stages = g.V;
-  p.coord.t = rank % g.T;
-  p.coord.p = rank / g.T % g.P;
-  p.coord.e = rank / (g.T * g.P) % g.E;
-  p.d = rank / (g.T * g.P * g.E);
-  return p;
-}
-Config with_decomp(Config c, const Decomp& g) {
-  c.parallel.tp = g.T;
-  c.parallel.pp = g.P;
-  c.parallel.ep = g.E;
-  c.parallel.virtual_stages = g.V;
-  return c;
-}
 
 // The decompositions of the dense model (4 heads, 4 layers) at this world size.
 std::vector<Decomp> dense_decompositions() {
@@ -137,19 +106,6 @@ std::vector<Decomp> moe_decompositions() {
   }
 }
 
-std::map<std::string, std::vector<Slab>> blocks_at(const Config& c, const model::ShardCoord& at) {
-  std::map<std::string, std::vector<Slab>> out;
-  for (const auto& chunk : model::build_layout(c, at))
-    for (const auto& t : chunk.tensors) out[t.name] = t.slabs;
-  return out;
-}
-bool same_blocks(const std::vector<Slab>& a, const std::vector<Slab>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].start != b[i].start || a[i].count != b[i].count) return false;
-  return true;
-}
-
 // One holder of each element among ranks whose ranges hold it: t == 0 (e == 0) for tensors
 // whose blocks do not depend on t (e); replica 0 unless the ranges split the replicas.
 ckpt::TensorPredicate holder(const Config& config, const Decomp& g, int rank) {
@@ -173,17 +129,6 @@ double value(int kind, const std::string& name, std::int64_t i) {
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
   return static_cast<double>(h % 1000) / 8.0 + static_cast<double>(i % 4093) * 0.125 - 300.0 +
          1500.0 * kind;
-}
-
-std::int64_t global_index(const Shape& g, const Slab& s, std::int64_t k) {
-  std::vector<std::int64_t> pos(g.size());
-  for (std::size_t j = g.size(); j-- > 0;) {
-    pos[j] = s.start[j] + k % s.count[j];
-    k /= s.count[j];
-  }
-  std::int64_t idx = 0;
-  for (std::size_t j = 0; j < g.size(); ++j) idx = idx * g[j] + pos[j];
-  return idx;
 }
 
 constexpr double kJunk = -7777.0;

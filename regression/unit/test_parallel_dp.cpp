@@ -54,21 +54,12 @@ std::vector<double> global_weights(const Config& c, const model::ChunkLayout& lo
   for (const auto& t : local.tensors) {
     const auto& g = whole.find(t.name);
     std::int64_t k = t.offset;  // local flat index of the slab's first element
-    for (const auto& slab : t.slabs) {
-      const std::size_t rank = slab.count.size();
-      std::vector<std::int64_t> idx(rank, 0);
+    for (const auto& slab : t.slabs)
       for (std::int64_t e = 0; e < slab.numel(); ++e, ++k) {
-        std::int64_t flat = 0;  // row-major global index inside the tensor
-        for (std::size_t d = 0; d < rank; ++d)
-          flat = flat * t.global_shape[d] + slab.start[d] + idx[d];
-        sum[std::size_t(g.offset + flat)] += data[std::size_t(k)];
-        count[std::size_t(g.offset + flat)] += 1;
-        for (std::size_t d = rank; d-- > 0;) {  // next multi-index
-          if (++idx[d] < slab.count[d]) break;
-          idx[d] = 0;
-        }
+        const auto at = std::size_t(g.offset + test::global_index(t.global_shape, slab, e));
+        sum[at] += data[std::size_t(k)];
+        count[at] += 1;
       }
-    }
   }
   MPI_Allreduce(MPI_IN_PLACE, sum.data(), int(sum.size()), MPI_DOUBLE, MPI_SUM, comm);
   MPI_Allreduce(MPI_IN_PLACE, count.data(), int(count.size()), MPI_DOUBLE, MPI_SUM, comm);

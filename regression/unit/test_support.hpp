@@ -6,13 +6,15 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <string>
-#include <cmath>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "model/layout.hpp"
 
 namespace ptrain::test {
 
@@ -127,5 +129,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Row-major index in a tensor of global shape g of element k of slab s.
+inline std::int64_t global_index(const model::Shape& g, const model::Slab& s, std::int64_t k) {
+  std::vector<std::int64_t> pos(g.size());
+  for (std::size_t j = g.size(); j-- > 0;) {
+    pos[j] = s.start[j] + k % s.count[j];
+    k /= s.count[j];
+  }
+  std::int64_t idx = 0;
+  for (std::size_t j = 0; j < g.size(); ++j) idx = idx * g[j] + pos[j];
+  return idx;
+}
 
 }  // namespace ptrain::test
