@@ -1,0 +1,42 @@
+# Shared by the parallel benchmarks (sourced): GPT-2 124M shapes (vocab 50304, B=4, T=256,
+# fp32, AdamW), the launcher, the one-rank baseline with two BLAS threads, and the table.
+# Arguments of the sourcing script: [build/ptrain] [steps].
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ptrain=${1:-$here/build/ptrain}
+steps=${2:-4}
+deck=$here/input/gpt2-124m.nml
+mpirun=(mpirun --oversubscribe)
+[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+shape=(--set model%vocab=50304 --set model%seq_len=256 --set train%global_batch=4
+       --set run%steps="$steps" --set run%eval_every=0 --set run%log_every=1000
+       --set data%val_fraction=0)
+
+# summarise COLUMN LOG.CSV: mean over the steps after the first of tokens/s and of
+# (exposed seconds in log.csv column COLUMN) / step seconds.
+summarise() {
+  awk -F, -v c="$1" 'NR > 2 { tok += $6; exp_ += $c / $10; n++ }
+    END { if (n == 0) { print "0 0" } else { printf "%.1f %.4f\n", tok / n, exp_ / n } }' "$2"
+}
+
+# One rank spanning both cores (no binding), two BLAS threads: sets $base (tokens/s) and
+# prints the table header with EXPOSED_LABEL.
+baseline() {
+  "${mpirun[@]}" --bind-to none -np 1 "$ptrain" "$deck" "${shape[@]}" --set train%micro_batch=4 \
+    --set backend%blas_threads=2 --set run%out_dir="'$tmp/one'" >"$tmp/one.log" 2>&1
+  read -r base _ < <(summarise 10 "$tmp/one/log.csv")
+  printf '%-32s %10s %8s %16s\n' "run" "tok/s" "ratio" "$1"
+  printf '%-32s %10.1f %8s %16s\n' "1 rank x 2 BLAS threads" "$base" "1.00" "-"
+}
+
+# row LABEL COLUMN NAME -- ptrain options: 2 ranks bound to one core each, one BLAS thread.
+row() {
+  local label=$1 column=$2 name=$3 tok frac
+  shift 4
+  "${mpirun[@]}" --bind-to core -np 2 "$ptrain" "$deck" "${shape[@]}" --set backend%blas_threads=1 \
+    --set run%out_dir="'$tmp/$name'" "$@" >"$tmp/$name.log" 2>&1
+  read -r tok frac < <(summarise "$column" "$tmp/$name/log.csv")
+  printf '%-32s %10.1f %8.2f %15.1f%%\n' "$label" "$tok" \
+    "$(awk -v a="$tok" -v b="$base" 'BEGIN{print a/b}')" "$(awk -v f="$frac" 'BEGIN{print 100*f}')"
+}
