@@ -76,13 +76,15 @@ RunRecord train(const Config& c, MPI_Comm comm) {
   RunRecord run;
   {
     parallel::Trainer<T> trainer(c, grid);
-    trainer.data_parallel().init_weights(trainer.model(), std::uint64_t(c.run.seed));
+    trainer.data_parallel().init_weights(std::uint64_t(c.run.seed));
     for (std::int64_t s = 1; s <= c.run.steps; ++s) {
+      const auto before = traffic_by_group();
       const auto r = trainer.step(s);
+      const auto traffic = traffic_since(before);
       run.loss.push_back(r.loss);
       run.norm.push_back(r.grad_norm);
-      run.bytes.push_back(r.comm_bytes);
-      run.tp_bytes.push_back(r.tp_bytes);
+      run.bytes.push_back(traffic[std::size_t(GroupKind::dense_grad)].stats.bytes);
+      run.tp_bytes.push_back(traffic[std::size_t(GroupKind::tp)].stats.bytes);
     }
     run.val_loss = trainer.evaluate();
     std::vector<double> local;

@@ -33,7 +33,7 @@ TensorPredicate weights_holder(const Grid& grid) {
       grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0;
   const bool tp_root = grid.coord(Axis::t) == 0;
   return [first_replica, tp_root](const model::TensorSpec& t) {
-    return first_replica && (tp_root || t.local_shape != t.global_shape);
+    return first_replica && (tp_root || !t.tp_replicated());
   };
 }
 
@@ -47,7 +47,7 @@ TensorPredicate state_holder(const Config& config, const Grid& grid) {
       (grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0);
   const bool tp_root = grid.coord(Axis::t) == 0;
   return [writes, tp_root](const model::TensorSpec& t) {
-    return writes && (tp_root || t.local_shape != t.global_shape);
+    return writes && (tp_root || !t.tp_replicated());
   };
 }
 
@@ -74,7 +74,7 @@ template <class T>
 void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
   auto& dp = trainer.data_parallel();
   if (config.model.init_from.empty()) {
-    dp.init_weights(trainer.model(), std::uint64_t(config.run.seed));
+    dp.init_weights(std::uint64_t(config.run.seed));
     return;
   }
   LoadReport report;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/activations.hpp"
 #include "util/error.hpp"
 
 namespace ptrain::model {
@@ -74,7 +75,9 @@ class ChunkBuilder {
     local[dim] = shape[dim] / parts;
     Slab s{Shape(shape.size(), 0), local};
     s.start[dim] = index * local[dim];
-    return add(std::move(name), shape, local, {s}, kind, layer);
+    auto& t = add(std::move(name), shape, local, {s}, kind, layer);
+    t.tp_dim = dim;
+    return t;
   }
 
  private:
@@ -89,6 +92,8 @@ void add_embedding(ChunkBuilder& b, const Dims& d, const ShardCoord& c, bool tie
   const std::int64_t end = std::min<std::int64_t>(begin + Vl, d.V);
   Slab rows{{begin, 0}, {std::max<std::int64_t>(0, end - begin), d.C}};
   auto& wte = b.add("wte.weight", {d.V, d.C}, {Vl, d.C}, {rows}, TensorKind::embedding, -1);
+  wte.tp_dim = 0;
+  wte.vocab_parallel = true;
   wte.tied_copy = tied_copy;
 }
 
@@ -104,8 +109,8 @@ void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
     w.push_back(Slab{{j * C + t * Cl, 0}, {Cl, C}});
     bias.push_back(Slab{{j * C + t * Cl}, {Cl}});
   }
-  b.add(h + "attn.qkv.weight", {3 * C, C}, {3 * Cl, C}, w, TensorKind::matrix, i);
-  b.add(h + "attn.qkv.bias", {3 * C}, {3 * Cl}, bias, TensorKind::bias, i);
+  b.add(h + "attn.qkv.weight", {3 * C, C}, {3 * Cl, C}, w, TensorKind::matrix, i).tp_dim = 0;
+  b.add(h + "attn.qkv.bias", {3 * C}, {3 * Cl}, bias, TensorKind::bias, i).tp_dim = 0;
   b.split(h + "attn.proj.weight", {C, C}, 1, T, t, TensorKind::matrix, i);
   b.replicated(h + "attn.proj.bias", {C}, TensorKind::bias, i);
   b.replicated(h + "ln_2.weight", {C}, TensorKind::norm, i);
@@ -113,16 +118,21 @@ void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
   if (d.is_moe_layer(i)) {
     const std::int64_t E = d.n_expert, El = E / c.E, e0 = c.e * El, Fl = F / T;
     b.replicated(h + "moe.router.weight", {E, C}, TensorKind::matrix, i);
-    auto expert = [&](std::string name, Shape global, Shape local, Slab s, TensorKind k) {
-      b.add(std::move(name), std::move(global), std::move(local), {std::move(s)}, k, i).expert =
-          true;
+    // Experts split over ep (dimension 0) and, like the dense MLP, over tp; proj.bias is
+    // ep-split but tp-replicated (added once after the row-parallel reduction).
+    auto expert = [&](std::string name, Shape global, Shape local, Slab s, TensorKind k,
+                      int tp_dim) {
+      auto& spec =
+          b.add(std::move(name), std::move(global), std::move(local), {std::move(s)}, k, i);
+      spec.expert = true;
+      spec.tp_dim = tp_dim;
     };
     expert(h + "moe.fc.weight", {E, F, C}, {El, Fl, C}, Slab{{e0, t * Fl, 0}, {El, Fl, C}},
-           TensorKind::matrix);
-    expert(h + "moe.fc.bias", {E, F}, {El, Fl}, Slab{{e0, t * Fl}, {El, Fl}}, TensorKind::bias);
+           TensorKind::matrix, 1);
+    expert(h + "moe.fc.bias", {E, F}, {El, Fl}, Slab{{e0, t * Fl}, {El, Fl}}, TensorKind::bias, 1);
     expert(h + "moe.proj.weight", {E, C, F}, {El, C, Fl}, Slab{{e0, 0, t * Fl}, {El, C, Fl}},
-           TensorKind::matrix);
-    expert(h + "moe.proj.bias", {E, C}, {El, C}, Slab{{e0, 0}, {El, C}}, TensorKind::bias);
+           TensorKind::matrix, 2);
+    expert(h + "moe.proj.bias", {E, C}, {El, C}, Slab{{e0, 0}, {El, C}}, TensorKind::bias, -1);
   } else {
     b.split(h + "mlp.fc.weight", {F, C}, 0, T, t, TensorKind::matrix, i);
     b.split(h + "mlp.fc.bias", {F}, 0, T, t, TensorKind::bias, i);
@@ -194,26 +204,26 @@ double flops_per_token(const Config& config) {
 
 namespace ptrain::model {
 
+ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp) {
+  ActShape s;
+  s.BT = B * T;
+  s.R = sp ? s.BT / c.T : s.BT;
+  s.C = d.C;
+  s.Cl = d.C / c.T;
+  s.NHl = d.NH / c.T;
+  s.Fl = d.F / c.T;
+  s.Vl = d.Vpad / c.T;
+  s.sp = sp;
+  return s;
+}
+
 ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
                                  bool has_head, bool sequence_parallel) {
-  const std::int64_t BT = B * T, C = d.C, Cl = d.C / c.T, Fl = d.F / c.T, NHl = d.NH / c.T;
-  // Rows of the residual stream this rank keeps: all, or 1/tp of them with sequence
-  // parallelism (LayerNorm, residual adds and their statistics run on that token shard).
-  const std::int64_t R = sequence_parallel ? BT / c.T : BT;
+  const ActShape s = act_shape(d, c, B, T, sequence_parallel);
   ActivationSizes a;
-  // Per block: ln_1 and ln_2 outputs (BT, C) (gathered: the matmuls' backward needs them);
-  // qkv (BT, 3Cl) + attention out (BT, Cl); fc and gelu (BT, Fl) each; lse (B, NHl, T);
-  // the residuals after attention and after the MLP (R, C) and the LayerNorm mean and rstd
-  // (R) twice.
-  a.per_layer = BT * (2 * C + 4 * Cl + 2 * Fl + NHl) + R * (2 * C + 4);
-  a.outside = R * C;  // embedding output (the residual stream entering block 0)
-  // ln_f out (BT, C) + mean, rstd (R), logits (BT, Vl), per-token loss, row max, sum-exp,
-  // target logit.
-  if (has_head) a.outside += BT * (C + d.Vpad / c.T + 4) + 2 * R;
-  // Backward: d(residual) and d(LayerNorm out) (BT, C), d(gelu out) and d(fc out) (BT, Fl),
-  // d(attention out) (BT, Cl), d(qkv) (BT, 3Cl); with sequence parallelism also a gathered
-  // (BT, C) and the LayerNorm parameter gradients of one micro-batch (2C).
-  a.scratch = BT * (2 * C + 4 * Cl + 2 * Fl) + (sequence_parallel ? BT * C + 2 * C : 0);
+  a.per_layer = size_of<BlockActs>(s);
+  a.outside = size_of<InputActs>(s) + (has_head ? size_of<HeadActs>(s) : 0);
+  a.scratch = size_of<Scratch>(s);
   return a;
 }
 

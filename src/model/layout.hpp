@@ -64,7 +64,13 @@ struct TensorSpec {
   std::int64_t numel = 0;   // local elements (product of local_shape)
   TensorKind kind = TensorKind::matrix;
   bool weight_decay = true;  // matrices and embeddings; not biases or norms
-  bool expert = false;       // reduced over the expert-grad group, not dense-grad
+  // How it is split, the one fact the gradient norm, ZeRO and the checkpoint writers read:
+  // over tp along dimension tp_dim (-1: every tp rank holds the same values), vocab-parallel
+  // (tp_dim 0 with padded rows), and over ep along dimension 0 (experts).
+  int tp_dim = -1;
+  bool vocab_parallel = false;
+  bool expert = false;  // split over ep; reduced over the expert-grad group, not dense-grad
+  bool tp_replicated() const { return tp_dim < 0; }
   int layer = -1;            // block index, -1 for embeddings and ln_f
   bool tied_copy = false;    // the last stage's copy of wte (pipeline): not saved twice
 };
@@ -99,12 +105,12 @@ double flops_per_token(const Config& config);
 namespace ptrain::model {
 
 // Elements of the activations one chunk keeps for the backward of one micro-batch, and of
-// the backward's scratch. The model allocates exactly these; `--plan` prints them.
+// the backward's scratch: totals of the lists in model/activations.hpp, which the stage
+// carves its buffers from. `--plan` prints them.
 struct ActivationSizes {
-  std::int64_t per_layer =
-      0;  // kept per block: ln_1, qkv, attention out + lse, residuals, ln_2, fc, gelu
-  std::int64_t outside = 0;  // embedding output, ln_f, logits, per-token losses
-  std::int64_t scratch = 0;  // backward gradients of activations (reused across blocks)
+  std::int64_t per_layer = 0;  // kept per block (BlockActs)
+  std::int64_t outside = 0;    // the stage input, and the head's (InputActs, HeadActs)
+  std::int64_t scratch = 0;    // backward gradients of activations, reused across blocks
   std::int64_t kept(std::int64_t n_layers) const { return per_layer * n_layers + outside; }
 };
 // B samples of T local tokens (T = seq_len / cp).

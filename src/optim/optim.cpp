@@ -188,43 +188,9 @@ std::unique_ptr<Optimizer<T>> make_optimizer(const std::string& name,
 
 // ---------------------------------------------------------------- clipping
 
-template <class T>
-double sum_of_squares(const Kokkos::View<T*>& x) {
-  // Blocks of 4096 elements summed with 8 independent partial sums (so the compiler can
-  // vectorise without reassociating), then the blocks reduced: a fixed order on any backend.
-  constexpr std::int64_t kBlock = 4096;
-  const std::int64_t n = std::int64_t(x.extent(0)), blocks = (n + kBlock - 1) / kBlock;
-  double sum = 0;
-  Kokkos::parallel_reduce(
-      "ptrain::optim::sum_of_squares", Kokkos::RangePolicy<>(0, blocks),
-      KOKKOS_LAMBDA(const std::int64_t b, double& acc) {
-        const std::int64_t lo = b * kBlock, hi = lo + kBlock < n ? lo + kBlock : n;
-        double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        std::int64_t i = lo;
-        for (; i + 8 <= hi; i += 8)
-          for (int k = 0; k < 8; ++k) {
-            const double xi = double(x(i + k));
-            part[k] += xi * xi;
-          }
-        for (; i < hi; ++i) part[0] += double(x(i)) * double(x(i));
-        acc += ((part[0] + part[1]) + (part[2] + part[3])) +
-               ((part[4] + part[5]) + (part[6] + part[7]));
-      },
-      sum);
-  return sum;
-}
-
 double clip_factor(double global_norm, double max_norm) {
   if (max_norm <= 0 || global_norm <= max_norm) return 1.0;
   return max_norm / (global_norm + 1e-6);
-}
-
-template <class T>
-void scale(const Kokkos::View<T*>& x, double factor) {
-  const T f = T(factor);
-  Kokkos::parallel_for(
-      "ptrain::optim::scale", Kokkos::RangePolicy<>(0, x.extent(0)),
-      KOKKOS_LAMBDA(const std::int64_t i) { x(i) *= f; });
 }
 
 #define PTRAIN_OPTIM_INSTANTIATE(T)                                                             \
@@ -233,9 +199,6 @@ void scale(const Kokkos::View<T*>& x, double factor) {
   template class SGD<T>;                                                                        \
   template std::unique_ptr<Optimizer<T>> make_optimizer<T>(                                     \
       const std::string&, const std::vector<Segment>&, std::size_t, std::size_t, const Hyper&); \
-  template double sum_of_squares<T>(const Kokkos::View<T*>&);                                   \
-  template double sum_of_squares<const T>(const Kokkos::View<const T*>&);                       \
-  template void scale<T>(const Kokkos::View<T*>&, double);
 PTRAIN_OPTIM_INSTANTIATE(float)
 PTRAIN_OPTIM_INSTANTIATE(double)
 #undef PTRAIN_OPTIM_INSTANTIATE

@@ -110,13 +110,9 @@ std::unique_ptr<Optimizer<T>> make_optimizer(const std::string& name,
                                              const std::vector<Segment>& segments, std::size_t lo,
                                              std::size_t hi, const Hyper& hyper);
 
-// Clipping: each rank sums the squares of its gradient range (accumulated in double), the
-// caller all-reduces and takes the sqrt, then scales by clip_factor. T: [const] float/double.
-template <class T>
-double sum_of_squares(const Kokkos::View<T*>& x);
-// 1 when max_norm <= 0 or global_norm <= max_norm, else max_norm / (global_norm + 1e-6).
+// Clipping by the global norm (kernels::sum_of_squares over each rank's range, reduced by
+// the caller): 1 when max_norm <= 0 or global_norm <= max_norm, else
+// max_norm / (global_norm + 1e-6), the factor the gradients are scaled by (kernels::scale).
 double clip_factor(double global_norm, double max_norm);
-template <class T>
-void scale(const Kokkos::View<T*>& x, double factor);
 
 }  // namespace ptrain::optim

@@ -94,7 +94,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   }
 
   // --- parameters -----------------------------------------------------------------------
-  K::Vec<T> params(int unit) override {
+  K::Vec<T> params(int unit, model::Phase phase) override {
     const Unit& u = units_[std::size_t(unit)];
     if (dp_.zero_ <= 2) return slice(params_.view(), u.lo, u.hi);
     if (u.kind == Unit::embedding) {
@@ -104,9 +104,6 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       }
       return slice(param_emb_.buf.view(), 0, u.hi - u.lo);
     }
-    // Direction of travel picks the unit to prefetch: forward up, backward down.
-    if (last_unit_ >= 0 && unit != last_unit_) forward_ = unit > last_unit_;
-    last_unit_ = unit;
     Window* w = find_param_slot(unit);
     if (!w) {
       w = free_param_slot();
@@ -114,7 +111,8 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     }
     w->req.wait();
     current_ = unit;
-    const int next = unit + (forward_ ? 1 : -1);
+    // Prefetch the unit this pass needs next: up the chunk in a forward, down in a backward.
+    const int next = unit + (phase == model::Phase::forward ? 1 : -1);
     if (next >= 0 && next < int(units_.size()) &&
         units_[std::size_t(next)].kind != Unit::embedding && !find_param_slot(next))
       gather(*free_param_slot(), next);
@@ -192,8 +190,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       w.req.wait();
       w.unit = -1;
     }
-    last_unit_ = current_ = -1;
-    forward_ = true;
+    current_ = -1;
   }
 
   void begin_micro_batch(bool last) {
@@ -304,8 +301,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   bool last_micro_ = true;
   std::int64_t ready_lo_ = 0;
   Window grad_emb_, grad_slots_[2], param_emb_, param_slots_[2];
-  int next_grad_slot_ = 0, last_unit_ = -1, current_ = -1;
-  bool forward_ = true;
+  int next_grad_slot_ = 0, current_ = -1;
   double done_early_bytes_ = 0, total_bytes_ = 0;
 };
 
@@ -317,6 +313,7 @@ DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::Ch
     : group_(group),
       tp_(tp),
       layout_(layout),
+      dims_(model::dims_of(config)),
       zero_(int(config.parallel.zero)),
       D_(group.size()),
       r_(group.rank()) {
@@ -352,11 +349,9 @@ K::Vec<T> DataParallel<T>::update_grads() {
 }
 
 template <class T>
-void DataParallel<T>::init_weights(const model::GPT<T>& model, std::uint64_t seed) {
-  if (zero_ <= 2)
-    model.init_range(seed, store_->params_.view(), 0);
-  else
-    model.init_range(seed, store_->params_.view(), r_ * sizes_.shard);
+void DataParallel<T>::init_weights(std::uint64_t seed) {
+  const std::int64_t lo = zero_ <= 2 ? 0 : r_ * sizes_.shard;
+  model::init_range(layout_, dims_, seed, store_->params_.view(), lo);
   store_->invalidate_params();
 }
 
@@ -410,7 +405,7 @@ double DataParallel<T>::grad_norm_squared() {
   const bool skip_replicated = tp_ && tp_->size() > 1 && tp_->rank() != 0;
   double sq = 0;
   for (const auto& t : layout_.tensors) {
-    if (skip_replicated && t.local_shape == t.global_shape) continue;
+    if (skip_replicated && t.tp_replicated()) continue;
     const std::int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
     if (a < b) sq += K::sum_of_squares<T>(slice(store_->grads_.view(), a - base, b - base));
   }

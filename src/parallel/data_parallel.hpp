@@ -22,7 +22,7 @@
 #include "comm/comm.hpp"
 #include "deck/config.hpp"
 #include "kernels/view.hpp"
-#include "model/gpt.hpp"
+#include "model/stage.hpp"
 #include "model/layout.hpp"
 #include "util/memory.hpp"
 
@@ -51,6 +51,7 @@ class DataParallel {
 
   model::ParamStore<T>* store();
   const DataParallelSizes& sizes() const { return sizes_; }
+  const model::ChunkLayout& layout() const { return layout_; }
   int zero() const { return zero_; }
 
   // The range the optimizer updates: [0, N) under ZeRO 0, this rank's shard otherwise
@@ -61,7 +62,7 @@ class DataParallel {
   kernels::Vec<T> update_grads();
 
   // Initial weights of what this rank holds (all of it, or its ZeRO 3 shard).
-  void init_weights(const model::GPT<T>& model, std::uint64_t seed);
+  void init_weights(std::uint64_t seed);
   // Weights of the whole chunk from `whole` (N elements on the host) into what this rank holds.
   void set_weights(const T* whole);
   // Copies what this rank holds of the parameters to the whole chunk (all-gathers under
@@ -83,6 +84,7 @@ class DataParallel {
   Comm& group_;
   Comm* tp_ = nullptr;
   model::ChunkLayout layout_;
+  model::Dims dims_;
   int zero_ = 0, D_ = 1, r_ = 0;
   DataParallelSizes sizes_;
   std::int64_t update_lo_ = 0, update_hi_ = 0;

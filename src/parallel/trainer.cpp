@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/kernels.hpp"
 #include "util/error.hpp"
 #include "util/profile.hpp"
 #include "util/timer.hpp"
@@ -41,6 +42,7 @@ void check_supported(const Config& c, int world_size) {
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
   no(c.train.recompute != "none", "train%recompute other than 'none'");
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");
+  no(c.model.dtype == "bf16", "model%dtype = 'bf16' (mixed precision comes with the CUDA backend)");
 }
 
 template <class T>
@@ -51,7 +53,8 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
       batch_(grid.comm(GroupKind::batch), "batch"),
       tp_(grid.comm(GroupKind::tp), "tp"),
       dp_(config, dense_grad_, model::build_layout(config, shard_coord(config, grid)).at(0), &tp_),
-      model_(config, shard_coord(config, grid), int(config.train.micro_batch), dp_.store(), &tp_),
+      model_(config, shard_coord(config, grid), dp_.layout(), int(config.train.micro_batch), 1,
+             dp_.store(), &tp_),
       data_(data::open_source(data::spec_from_config(config))),
       schedule_(optim::schedule_from_config(config)) {
   optimizer_ = optim::make_optimizer<T>(config.train.optimizer, decay_segments(model_.layout()),
@@ -88,16 +91,16 @@ StepResult Trainer<T>::step(std::int64_t s) {
   Stopwatch fwd, bwd, opt;
   for (std::int64_t j = 0; j < count; j += mb) {
     const int B = int(std::min(mb, count - j));
-    dp_.begin_micro_batch(j + mb >= count);
     profile::region("data", [&] {
       data::fetch(*data_, data::Split::train, s, first + j, B, inputs_.data(), targets_.data());
     });
     fwd.start();
-    loss_sum += model_.forward(inputs_.data(), targets_.data(), B);
+    loss_sum += model_.forward(0, {inputs_.data(), targets_.data(), B});
     Kokkos::fence();
     fwd.stop();
     bwd.start();
-    model_.backward(dloss);
+    dp_.begin_micro_batch(j + mb >= count);
+    model_.backward(0, dloss);
     if (config_.run.debug_fail_rank == grid_.world_rank())
       throw Error(cat("run%debug_fail_rank: rank ", grid_.world_rank(),
                       " fails on purpose in the backward of step ", s));
@@ -113,7 +116,7 @@ StepResult Trainer<T>::step(std::int64_t s) {
   profile::region("clip", [&] {
     r.grad_norm = std::sqrt(dp_.grad_norm_squared());
     const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
-    if (factor != 1.0) optim::scale(grads, factor);
+    if (factor != 1.0) kernels::scale<T>(grads, T(factor));
   });
   r.lr = schedule_.at(s);
   profile::region("optimizer", [&] { optimizer_->step(dp_.update_params(), grads, r.lr); });
@@ -150,7 +153,7 @@ double Trainer<T>::evaluate() {
     const bool real = j < count;
     data::fetch(*data_, data::Split::val, 0, real ? first + j : first, B, inputs_.data(),
                 targets_.data());
-    const double l = model_.forward(inputs_.data(), targets_.data(), B, false);
+    const double l = model_.forward(0, {inputs_.data(), targets_.data(), B}, false);
     if (real) loss_sum += l;
   }
   batch_.all_reduce_sum_now(&loss_sum, 1);

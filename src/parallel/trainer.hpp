@@ -11,7 +11,7 @@
 #include "data/data.hpp"
 #include "deck/config.hpp"
 #include "grid/grid.hpp"
-#include "model/gpt.hpp"
+#include "model/stage.hpp"
 #include "optim/optim.hpp"
 #include "parallel/data_parallel.hpp"
 
@@ -28,9 +28,9 @@ struct StepResult {
   double tp_bytes = 0, tp_exposed = 0;      // tensor-parallel traffic (blocking: all exposed)
 };
 
-// Refuses (Error, exit code 2, the same on every rank) what this version cannot train yet:
-// pipeline, context or expert parallelism, sequence parallelism, mixture of experts,
-// recomputation, a device other than the CPU.
+// The one place that refuses (Error, exit code 2, the same on every rank) what this version
+// cannot train yet: pipeline, context or expert parallelism, mixture of experts,
+// recomputation, a device other than the CPU, bf16.
 void check_supported(const Config& config, int world_size);
 
 template <class T>
@@ -38,7 +38,7 @@ class Trainer {
  public:
   Trainer(const Config& config, const Grid& grid);
 
-  model::GPT<T>& model() { return model_; }
+  model::Stage<T>& model() { return model_; }  // this rank's one stage (no pipeline yet)
   DataParallel<T>& data_parallel() { return dp_; }
   const data::TokenSource& data() const { return *data_; }
   optim::Optimizer<T>& optimizer() { return *optimizer_; }
@@ -53,9 +53,9 @@ class Trainer {
 
   const Config& config_;
   const Grid& grid_;
-  Comm dense_grad_, batch_, tp_;  // gradient reduction; loss sums; tensor parallelism
+  MpiComm dense_grad_, batch_, tp_;  // gradient reduction; loss sums; tensor parallelism
   DataParallel<T> dp_;
-  model::GPT<T> model_;
+  model::Stage<T> model_;
   std::unique_ptr<data::TokenSource> data_;
   std::unique_ptr<optim::Optimizer<T>> optimizer_;
   optim::LrSchedule schedule_;

@@ -1,0 +1,108 @@
+// model/activations.hpp — the one description of what a stage keeps between its forward
+// and its backward, and of the backward's scratch. Each struct below is a list of named
+// tensors; `describe(acts, shape, f)` visits them in carving order with their element
+// counts. With V = std::int64_t the visit sums sizes (model::activation_sizes, which
+// `--plan` prints); with V = a view it carves a buffer (model/stage.cpp). A new layer or a
+// recomputation mode changes these lists, and both the plan and the buffers follow.
+#pragma once
+#include <cstdint>
+
+#include "model/layout.hpp"
+
+namespace ptrain::model {
+
+// The sizes that shape a stage's activations for micro-batches of B samples.
+struct ActShape {
+  std::int64_t BT = 0;  // tokens of the micro-batch on this rank: B * (seq_len / cp)
+  std::int64_t R = 0;   // rows of the residual stream kept here: BT, or BT / tp with SP
+  std::int64_t C = 0, Cl = 0, NHl = 0, Fl = 0, Vl = 0;  // width; this tp rank's share
+  bool sp = false;                                       // sequence parallelism
+};
+ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp);
+
+// The dense MLP in a block's MLP slot (an MoE layer brings its own lists).
+template <class V>
+struct MlpActs {
+  V fch, fch_gelu;  // (BT, Fl) each
+};
+template <class V, class F>
+void describe(MlpActs<V>& a, const ActShape& s, F&& f) {
+  f(a.fch, s.BT * s.Fl), f(a.fch_gelu, s.BT * s.Fl);
+}
+template <class V>
+struct MlpScratch {
+  V dgelu, dfch;  // (BT, Fl) each
+};
+template <class V, class F>
+void describe(MlpScratch<V>& a, const ActShape& s, F&& f) {
+  f(a.dgelu, s.BT * s.Fl), f(a.dfch, s.BT * s.Fl);
+}
+
+// One block: res2 = x + attn(LN1(x)), res3 = res2 + mlp(LN2(res2)).
+template <class V>
+struct BlockActs {
+  V ln1, qkv, atty, lse;  // (BT, C) gathered, (BT, 3Cl), (BT, Cl), (B, NHl, T)
+  V ln2;                  // (BT, C) gathered
+  MlpActs<V> mlp;
+  V ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (R) each
+  V res2, res3;                              // (R, C)
+};
+template <class V, class F>
+void describe(BlockActs<V>& a, const ActShape& s, F&& f) {
+  f(a.ln1, s.BT * s.C), f(a.qkv, s.BT * 3 * s.Cl), f(a.atty, s.BT * s.Cl), f(a.lse, s.BT * s.NHl);
+  f(a.ln2, s.BT * s.C);
+  describe(a.mlp, s, f);
+  f(a.ln1_mean, s.R), f(a.ln1_rstd, s.R), f(a.ln2_mean, s.R), f(a.ln2_rstd, s.R);
+  f(a.res2, s.R * s.C), f(a.res3, s.R * s.C);
+}
+
+// The stage's input: the embedding output on the first stage, else the received activation.
+template <class V>
+struct InputActs {
+  V x;  // (R, C)
+};
+template <class V, class F>
+void describe(InputActs<V>& a, const ActShape& s, F&& f) {
+  f(a.x, s.R * s.C);
+}
+
+// The head of the last stage: final LayerNorm, tied LM head, vocab-parallel cross-entropy.
+template <class V>
+struct HeadActs {
+  V lnf, lnf_mean, lnf_rstd;  // (BT, C) gathered, (R), (R)
+  V logits, losses, row_max;  // (BT, Vl), (BT), (BT)
+  V sums;                     // (2, BT): sum of exponentials, target logit (reduced together)
+};
+template <class V, class F>
+void describe(HeadActs<V>& a, const ActShape& s, F&& f) {
+  f(a.lnf, s.BT * s.C), f(a.lnf_mean, s.R), f(a.lnf_rstd, s.R);
+  f(a.logits, s.BT * s.Vl), f(a.losses, s.BT), f(a.row_max, s.BT), f(a.sums, 2 * s.BT);
+}
+
+// The backward's scratch, shared by the micro-batches of a stage (one backward at a time);
+// `partial` of the forward (tp partial sums before their reduction) reuses dres.
+template <class V>
+struct Scratch {
+  V dres, dln;  // d(residual) (R, C) in a (BT, C) slot; d(LayerNorm out) (BT, C)
+  MlpScratch<V> mlp;
+  V datty, dqkv;   // (BT, Cl), (BT, 3Cl)
+  V dfull, dnorm;  // sequence parallel only: d(residual) gathered (BT, C); LN grads (2C)
+};
+template <class V, class F>
+void describe(Scratch<V>& a, const ActShape& s, F&& f) {
+  f(a.dres, s.BT * s.C), f(a.dln, s.BT * s.C);
+  describe(a.mlp, s, f);
+  f(a.datty, s.BT * s.Cl), f(a.dqkv, s.BT * 3 * s.Cl);
+  f(a.dfull, s.sp ? s.BT * s.C : 0), f(a.dnorm, s.sp ? 2 * s.C : 0);
+}
+
+// Total elements of one description.
+template <template <class> class Acts>
+std::int64_t size_of(const ActShape& s) {
+  Acts<std::int64_t> a;
+  std::int64_t n = 0;
+  describe(a, s, [&](std::int64_t& field, std::int64_t count) { n += (field = count); });
+  return n;
+}
+
+}  // namespace ptrain::model

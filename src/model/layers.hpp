@@ -1,0 +1,177 @@
+// model/layers.hpp — the GPT's layers on one rank's shard (ARCHITECTURE.md section 4), each
+// with forward and backward written by hand (llm.c). A layer holds views of its parameters
+// and gradients (empty gradients for a forward-only use) and owns the tensor-parallel
+// collective it needs together with that collective's backward dual:
+//
+//   ColumnParallelLinear  forward: identity (SP: all-gather rows)  backward: all-reduce (SP: reduce-scatter)
+//   RowParallelLinear     forward: all-reduce (SP: reduce-scatter) backward: identity (SP: all-gather rows)
+//   Embedding             vocab-parallel rows, summed over tp like a row-parallel output
+//   Head                  tied LM head (column-parallel, no bias) + vocab-parallel cross-entropy
+//
+// Shapes: BT tokens of the micro-batch (B samples of S positions), R = rows of the residual
+// stream kept on this rank (BT, or BT/tp with sequence parallelism, starting at row r0),
+// C width, Cl = C/tp, Fl = F/tp, Vl = padded vocab/tp. Outputs: [=] overwritten, [+=] added.
+#pragma once
+#include <cstdint>
+
+#include "comm/comm.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/view.hpp"
+#include "model/activations.hpp"
+
+namespace ptrain::model {
+
+template <class T>
+using Vec = kernels::Vec<T>;
+template <class T>
+using CVec = kernels::CVec<T>;
+
+// The tensor-parallel group as the layers use it: null or of size 1 means none, and then
+// every operation is the identity.
+class TensorParallel {
+ public:
+  TensorParallel() = default;
+  TensorParallel(Comm* tp, bool sequence_parallel);
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool sp() const { return sp_; }  // sequence parallelism (only with size > 1)
+  std::int64_t rows(std::int64_t n) const { return sp_ ? n / size_ : n; }  // R of n = BT
+  std::int64_t first_row(std::int64_t n) const { return sp_ ? rank_ * (n / size_) : 0; }
+
+  template <class T>
+  void sum(const Vec<T>& x) const;  // all-reduce in place
+  template <class T>
+  void max(const Vec<T>& x) const;
+  // rows (R, C) [=] this rank's rows of the tp sum of full (BT, C): a reduce-scatter under
+  // SP; else full is summed in place and rows must be full.
+  template <class T>
+  void sum_to_rows(const Vec<T>& full, const Vec<T>& rows) const;
+  // full (BT, C) [=] every rank's rows (SP; this rank's already in place), else nothing.
+  template <class T>
+  void gather_rows(const Vec<T>& full) const;
+
+ private:
+  Comm* comm_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  bool sp_ = false;
+};
+
+// What one layer call runs on.
+struct Ctx {
+  const TensorParallel* tp;
+  int B = 0, S = 0;             // samples, positions per sample on this rank
+  std::int64_t BT = 0, R = 0, r0 = 0;
+  Ctx(const TensorParallel& t, int B_, int S_)
+      : tp(&t), B(B_), S(S_), BT(std::int64_t(B_) * S_), R(t.rows(BT)), r0(t.first_row(BT)) {}
+};
+
+// This rank's rows [r0, r0 + R) of a (BT, C) tensor.
+template <class T>
+Vec<T> own_rows(const Ctx& c, const Vec<T>& full, std::int64_t C);
+
+template <class T>
+struct LayerNorm {
+  Vec<T> w, b, dw, db;  // (C)
+  int C = 0;
+  // out, mean, rstd: (R, C), (R), (R) [=] LN(x (R, C)).
+  void forward(const Ctx& c, CVec<T> x, Vec<T> out, Vec<T> mean, Vec<T> rstd) const;
+  // dx (R, C) [+=] LN'(dout (R, C)); dw, db [+=] (under SP each rank saw only its rows: the
+  // partial sums, in `scratch` (2C), are summed over tp first).
+  void backward(const Ctx& c, CVec<T> x, CVec<T> mean, CVec<T> rstd, CVec<T> dout, Vec<T> dx,
+                Vec<T> scratch) const;
+};
+
+template <class T>
+struct ColumnParallelLinear {
+  Vec<T> w, b, dw, db;  // (out, in), (out) or empty; out = this rank's columns
+  int in = 0, out = 0;
+  // x (BT, in) holds this rank's rows in place (all of them without SP); they are gathered
+  // over tp. y (BT, out) [=] x w^T + b.
+  void forward(const Ctx& c, Vec<T> x, Vec<T> y) const;
+  // dw, db [+=]; dx (BT, in) [=] dy w, a partial sum over tp reduced to this rank's rows,
+  // which are returned: (R, in), `rows` under SP, else dx itself.
+  Vec<T> backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<T> dx, Vec<T> rows) const;
+};
+
+template <class T>
+struct RowParallelLinear {
+  Vec<T> w, b, dw, db;  // (out, in), (out): in = this rank's columns; b added by tp rank 0
+  int in = 0, out = 0;
+  // y (R, out) [=] the tp sum of x (BT, in) w^T (+ b), formed in `partial` (BT, out) first
+  // (partial may be y itself without SP).
+  void forward(const Ctx& c, CVec<T> x, Vec<T> partial, Vec<T> y) const;
+  // dy (R, out) of every token, gathered into `full` (BT, out) under SP; dw, db [+=];
+  // dx (BT, in) [=] dy w.
+  void backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full, Vec<T> dx) const;
+};
+
+// Causal multi-head attention over this rank's heads on a (BT, 3Cl) qkv buffer. It is the
+// layer that will host the context-parallel ring.
+template <class T>
+struct Attention {
+  int NH = 0, HS = 0;  // this rank's heads, head size
+  void forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<T> lse) const;
+  // dqkv (BT, 3Cl) [=].
+  void backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<T> lse, CVec<T> dout,
+                Vec<T> dqkv) const;
+};
+
+// The dense MLP, y = gelu(x W_fc^T + b_fc) W_proj^T + b_proj: the block's MLP slot.
+template <class T>
+struct MLP {
+  ColumnParallelLinear<T> fc;
+  RowParallelLinear<T> proj;
+  using Acts = MlpActs<Vec<T>>;
+  using Grads = MlpScratch<Vec<T>>;
+  // x (BT, C) with this rank's rows in place; y (R, C) [=] mlp(x).
+  void forward(const Ctx& c, Vec<T> x, const Acts& a, Vec<T> partial, Vec<T> y) const;
+  // dy (R, C) -> d(x) rows (R, C) (see ColumnParallelLinear::backward).
+  Vec<T> backward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> dy, const Grads& g, Vec<T> full,
+                  Vec<T> dx, Vec<T> rows) const;
+};
+
+// Vocab-parallel token embedding plus learned positions (added by tp rank 0).
+template <class T>
+struct Embedding {
+  Vec<T> wte, wpe, dwte, dwpe;  // (Vl, C), (S, C)
+  int C = 0, v_begin = 0, Vl = 0;
+  // x (R, C) [=] wte[tokens] + wpe, summed over the vocabulary shards via `partial` (BT, C).
+  void forward(const Ctx& c, kernels::IntVec tokens, Vec<T> partial, Vec<T> x) const;
+  // dwte, dwpe [+=] from dx (R, C), gathered into `full` (BT, C) under SP.
+  void backward(const Ctx& c, kernels::IntVec tokens, Vec<T> dx, Vec<T> full) const;
+};
+
+// Final LayerNorm, LM head tied to wte, vocab-parallel cross-entropy: no rank forms the full
+// logits; the row max, then the sum of exponentials and the target's logit, are reduced.
+template <class T>
+struct Head {
+  LayerNorm<T> lnf;
+  ColumnParallelLinear<T> lm;  // w = wte shard (Vl, C), no bias
+  int v_real = 0;              // real vocabulary (padding columns never win the softmax)
+  using Acts = HeadActs<Vec<T>>;
+  // Returns the sum of the BT token losses.
+  double forward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets) const;
+  // dx (R, C) [=] the gradient of dloss * (sum of token losses); logits become dlogits.
+  void backward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets, T dloss,
+                Vec<T> dx, Vec<T> dln, Vec<T> rows, Vec<T> norm_scratch) const;
+};
+
+// A pre-LayerNorm transformer block: LN, attention, LN, MLP slot (dense now; an MoE layer
+// takes the same place).
+template <class T>
+struct Block {
+  LayerNorm<T> ln1, ln2;
+  ColumnParallelLinear<T> qkv;
+  Attention<T> attn;
+  RowParallelLinear<T> proj;
+  MLP<T> mlp;
+  using Acts = BlockActs<Vec<T>>;
+  using Grads = Scratch<Vec<T>>;  // the backward's scratch; dres cut to (R, C)
+  // Acts.res3 [=] block(x (R, C)); `partial` (BT, C) is scratch.
+  void forward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> partial) const;
+  // g.dres (R, C): d(res3) in, d(x) out.
+  void backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) const;
+};
+
+}  // namespace ptrain::model

@@ -1,0 +1,138 @@
+// model/stage.hpp — one model chunk on one rank (a pipeline stage, or one virtual stage of
+// it): its layers (the embedding and/or the head when the chunk has them), parameters and
+// gradients reached unit by unit through a ParamStore, and activation caches for `slots`
+// micro-batches in flight. Today's runs (no pipeline) are one stage with one slot; a
+// pipeline schedule keeps as many slots as it has micro-batches in flight.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "deck/config.hpp"
+#include "kernels/view.hpp"
+#include "model/layers.hpp"
+#include "model/layout.hpp"
+#include "util/memory.hpp"
+
+namespace ptrain::model {
+
+// Which pass asks for a unit's parameters: ZeRO 3 prefetches the next unit of that pass
+// (up the chunk in a forward, down in a backward), whatever the schedule interleaves.
+enum class Phase { forward, backward };
+
+// Where a stage finds its parameters and gradients, one unit at a time (units_of(): the
+// embedding, each block, the head), as views of the unit's flat range. The resident store
+// keeps both whole on this rank; the data-parallel engine (parallel/) supplies sharded ones
+// for ZeRO 2 and 3, which gather and reduce unit by unit.
+template <class T>
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  virtual kernels::Vec<T> params(int unit, Phase phase) = 0;  // ready to read
+  virtual void release_params(int unit) {}  // not needed again until the next params()
+  virtual kernels::Vec<T> grads(int unit) = 0;  // where the unit's gradients accumulate
+  virtual void grads_done(int unit) {}          // this micro-batch's unit gradients are final
+};
+
+// Both buffers whole: parameters (MemCategory::params) and gradients (grads), each `numel`
+// long (the chunk's flat size, padded up when ZeRO wants equal shards).
+template <class T>
+class ResidentStore : public ParamStore<T> {
+ public:
+  ResidentStore(const ChunkLayout& layout, std::int64_t numel);
+  kernels::Vec<T> params(int unit, Phase) override;
+  kernels::Vec<T> grads(int unit) override;
+  kernels::Vec<T> all_params() const { return params_.view(); }
+  kernels::Vec<T> all_grads() const { return grads_.view(); }
+
+ protected:
+  std::vector<Unit> units_;
+  TrackedView<T> params_, grads_;
+};
+
+// GPT-2 init of flat elements [lo, lo + out.extent(0)) of a chunk: N(0, 0.02) for matrices
+// and embeddings, residual projections scaled by 1/sqrt(2*n_layer), zero biases, unit
+// LayerNorm gains. Element i of a tensor draws normal(seed, hash(name), global flat index i),
+// so every grid starts from the same model. Padding stays zero.
+template <class T>
+void init_range(const ChunkLayout& layout, const Dims& dims, std::uint64_t seed,
+                kernels::Vec<T> out, std::int64_t lo);
+
+// One micro-batch of B samples (host arrays (B, seq_len)): the first stage reads the
+// inputs, the last stage the targets; other stages only need B.
+struct MicroBatch {
+  const std::int32_t* inputs = nullptr;
+  const std::int32_t* targets = nullptr;
+  int B = 0;
+};
+
+template <class T>
+class Stage {
+ public:
+  // Parameters and gradients live in `store` (not owned; it must outlive the stage), or,
+  // when null, in a resident store the stage owns. With coord.T > 1 the stage is this
+  // rank's tensor-parallel shard and `tp` the group it reduces over.
+  Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
+        int micro_batch, int slots = 1, ParamStore<T>* store = nullptr, Comm* tp = nullptr);
+
+  const Dims& dims() const { return dims_; }
+  const ChunkLayout& layout() const { return layout_; }
+  const std::vector<Unit>& units() const { return units_; }
+  int slots() const { return int(slots_.size()); }
+  // The whole buffers and one tensor's view in them; only with the resident store.
+  kernels::Vec<T> params() const;
+  kernels::Vec<T> grads() const;
+  kernels::Vec<T> param(const std::string& name) const;
+  kernels::Vec<T> grad(const std::string& name) const;
+  void init_weights(std::uint64_t seed);  // the resident store
+  void zero_grads();                      // the resident store
+
+  // The forward of one micro-batch, its activations kept in `slot` for the backward. A
+  // stage without the embedding reads its input from input(slot, B), filled by the caller; a
+  // stage without the head leaves its output in output(slot). Returns the sum of the B*S
+  // token losses on the last stage (the caller divides by the global count), else 0.
+  // for_backward = false (evaluation) releases every unit at the end.
+  double forward(int slot, const MicroBatch& mb, bool for_backward = true);
+  // The backward of the micro-batch in `slot`, accumulating into the gradients: of
+  // dloss * (sum of token losses) on the last stage, else of dout (R, C) on its output.
+  // A stage without the embedding leaves d(input) in input_grad().
+  void backward(int slot, T dloss, kernels::CVec<T> dout = {});
+
+  kernels::Vec<T> input(int slot, int B) const;  // (R, C) for a micro-batch of B samples
+  kernels::Vec<T> output(int slot) const;         // (R, C) of the slot's micro-batch
+  kernels::Vec<T> input_grad() const;      // (R, C) of the last backward
+
+ private:
+  struct Acts;  // one slot's activations, carved for its micro-batch
+  struct Slot {
+    std::int64_t offset = 0;             // of its activations in acts_
+    Kokkos::View<int*> tokens, targets;  // (micro_batch, S), on the first / last stage
+    int B = 0;                           // samples of the micro-batch now in the slot
+  };
+  Acts carve(int slot, const Ctx& c) const;
+  typename Block<T>::Grads carve_scratch(const Ctx& c) const;
+  kernels::Vec<T> tensor(const kernels::Vec<T>& unit_view, int unit, const std::string& name) const;
+  Block<T> block(int unit, const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
+  Embedding<T> embedding(const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
+  Head<T> head(const kernels::Vec<T>& w, const kernels::Vec<T>& g, const kernels::Vec<T>& wte,
+               const kernels::Vec<T>& dwte) const;
+  ResidentStore<T>& resident() const;
+  int wte_unit() const { return layout_.has_embedding ? u_emb_ : u_head_; }
+
+  Dims dims_;
+  ShardCoord coord_;
+  ChunkLayout layout_;
+  std::vector<Unit> units_;
+  int u_emb_ = -1, u_block0_ = -1, u_head_ = -1;  // unit indices (-1: not in this chunk)
+  int micro_batch_ = 0, last_B_ = 0;              // capacity; B of the last backward
+  ActivationSizes sizes_;                         // per slot, at capacity
+  TensorParallel tp_;
+  std::unique_ptr<ResidentStore<T>> own_store_;
+  ParamStore<T>* store_ = nullptr;
+  std::vector<Slot> slots_;
+  TrackedView<T> acts_, scratch_;  // every slot's activations; the backward's scratch
+};
+
+}  // namespace ptrain::model
