@@ -133,6 +133,7 @@ void expect_open_error(const DataSpec& s, const std::vector<std::string>& needle
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(e.exit_code(), kExitInput) << msg;  // the user's data: exit code 2
     for (const auto& n : needles)
       EXPECT_NE(msg.find(n), std::string::npos) << msg << "\n  lacks: " << n;
   }
@@ -364,6 +365,25 @@ TEST(Data, ErrorsNameTheFileAndTheProblem) {
                     {header.path(), "too short for the llm.c header"});
   few.write(u16_image(random_tokens(40, 500, 5)));
   expect_open_error(spec("u16", few.path(), 500, 64, 0.0), {few.path(), "has 40 tokens"});
+}
+
+// A token file rewritten during the run (a token >= vocab appears after the open-time scan)
+// is an error at the fetch, not a negative loss.
+TEST(Data, U16FileChangedAfterOpenIsRefusedAtFetch) {
+  TempFile file("changed.u16");
+  std::vector<std::uint16_t> tokens(4000);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::uint16_t(i % 500);
+  file.write(u16_image(tokens));
+  auto src = open_source(spec("u16", file.path(), 500, 64, 0.0));
+  for (auto& t : tokens) t = 777;
+  file.write(u16_image(tokens));
+  std::vector<std::int32_t> in(64), tg(64);
+  try {
+    fetch(*src, Split::train, 1, 0, 1, in.data(), tg.data());
+    ADD_FAILURE() << "no error for a token >= vocab";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 777"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Data, U16TokenOutOfVocabIsFoundByTheStreamingScan) {

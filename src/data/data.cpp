@@ -198,7 +198,13 @@ class FileSource final : public TokenSource {
     if (token_bytes_ == 1) {
       for (std::size_t t = 0; t < n; ++t) out[t] = raw[t];
     } else {
-      for (std::size_t t = 0; t < n; ++t) out[t] = raw[2 * t] | (raw[2 * t + 1] << 8);
+      // Checked again here: a file rewritten during the run must not feed tokens >= vocab.
+      for (std::size_t t = 0; t < n; ++t) {
+        out[t] = raw[2 * t] | (raw[2 * t + 1] << 8);
+        PTRAIN_REQUIRE(out[t] < spec_.vocab, "data: ", quoted(spec_.path), ": token ", out[t],
+                       " at position ", offset + std::int64_t(t), " is >= model%vocab = ",
+                       spec_.vocab, " (the file changed after it was opened)");
+      }
     }
   }
 
@@ -264,7 +270,9 @@ DataSpec spec_from_config(const Config& config) {
   return spec;
 }
 
-std::unique_ptr<TokenSource> open_source(const DataSpec& spec) {
+namespace {
+
+std::unique_ptr<TokenSource> open_checked(const DataSpec& spec) {
   PTRAIN_REQUIRE(spec.vocab >= 2 && spec.vocab <= INT32_MAX, "data: model%vocab = ", spec.vocab,
                  " must be in [2, 2^31-1]");
   PTRAIN_REQUIRE(spec.seq_len >= 1, "data: model%seq_len = ", spec.seq_len, " must be >= 1");
@@ -277,6 +285,18 @@ std::unique_ptr<TokenSource> open_source(const DataSpec& spec) {
     return std::make_unique<FileSource>(spec, spec.source == "bytes" ? 1 : 2);
   }
   throw Error(cat("data: unknown data%source '", spec.source, "' (synthetic, bytes or u16)"));
+}
+
+}  // namespace
+
+std::unique_ptr<TokenSource> open_source(const DataSpec& spec) {
+  // Whatever is wrong with the data source at open is the user's to fix (and every rank
+  // finds the same): exit code 2.
+  try {
+    return open_checked(spec);
+  } catch (const Error& e) {
+    throw Error(e.what(), kExitInput);
+  }
 }
 
 void fetch(const TokenSource& source, Split split, std::int64_t step, std::int64_t first_sample,

@@ -59,7 +59,8 @@ class TokenSource {
   DataSpec spec_;
 };
 
-// Opens and validates the source; throws ptrain::Error (one line naming the file).
+// Opens and validates the source; throws ptrain::Error (one line naming the file, exit
+// code 2: the data is the user's input).
 std::unique_ptr<TokenSource> open_source(const DataSpec& spec);
 
 // Samples first_sample .. first_sample+count-1 of `step` (train) or of the validation set
