@@ -198,7 +198,7 @@ double clip_factor(double global_norm, double max_norm) {
   template class AdamW<T>;                                                                      \
   template class SGD<T>;                                                                        \
   template std::unique_ptr<Optimizer<T>> make_optimizer<T>(                                     \
-      const std::string&, const std::vector<Segment>&, std::size_t, std::size_t, const Hyper&); \
+      const std::string&, const std::vector<Segment>&, std::size_t, std::size_t, const Hyper&);
 PTRAIN_OPTIM_INSTANTIATE(float)
 PTRAIN_OPTIM_INSTANTIATE(double)
 #undef PTRAIN_OPTIM_INSTANTIATE
