@@ -14,10 +14,14 @@ shape=(--set model%vocab=50304 --set model%seq_len=256 --set train%global_batch=
        --set data%val_fraction=0)
 
 # summarise COLUMN LOG.CSV: mean over the steps after the first of tokens/s and of
-# (exposed seconds in log.csv column COLUMN) / step seconds.
+# (exposed seconds in the log.csv column named COLUMN) / step seconds. Columns are looked up
+# by name in the header: which communication columns there are depends on the grid.
 summarise() {
-  awk -F, -v c="$1" 'NR > 2 { tok += $6; exp_ += $c / $10; n++ }
-    END { if (n == 0) { print "0 0" } else { printf "%.1f %.4f\n", tok / n, exp_ / n } }' "$2"
+  awk -F, -v name="$1" 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; c = col[name]
+                                   if (!c) { print "log.csv has no column " name >"/dev/stderr"; exit 1 }
+                                   next }
+    NR > 2 { tok += $col["tokens_per_s"]; exp_ += $c / $col["t_step"]; n++ }
+    END { if (!c) exit 1; if (n == 0) { print "0 0" } else { printf "%.1f %.4f\n", tok / n, exp_ / n } }' "$2"
 }
 
 # One rank spanning both cores (no binding), two BLAS threads: sets $base (tokens/s) and
@@ -25,12 +29,13 @@ summarise() {
 baseline() {
   "${mpirun[@]}" --bind-to none -np 1 "$ptrain" "$deck" "${shape[@]}" --set train%micro_batch=4 \
     --set backend%blas_threads=2 --set run%out_dir="'$tmp/one'" >"$tmp/one.log" 2>&1
-  read -r base _ < <(summarise 10 "$tmp/one/log.csv")
+  read -r base _ < <(summarise exposed_dense_grad_s "$tmp/one/log.csv")
   printf '%-32s %10s %8s %16s\n' "run" "tok/s" "ratio" "$1"
   printf '%-32s %10.1f %8s %16s\n' "1 rank x 2 BLAS threads" "$base" "1.00" "-"
 }
 
-# row LABEL COLUMN NAME -- ptrain options: 2 ranks bound to one core each, one BLAS thread.
+# row LABEL COLUMN NAME -- ptrain options: 2 ranks bound to one core each, one BLAS thread;
+# COLUMN names the exposed-seconds column of log.csv.
 row() {
   local label=$1 column=$2 name=$3 tok frac
   shift 4

@@ -1,33 +1,188 @@
 #include "comm/comm.hpp"
 
-#include <numeric>
-#include <type_traits>
+#include <climits>
+#include <cstdlib>
+#include <deque>
 
+#include "comm/watchdog.hpp"
+#include "grid/layout.hpp"
+#include "util/log.hpp"
+#include "util/mpi.hpp"
 #include "util/error.hpp"
 #include "util/timer.hpp"
 #include "util/trace.hpp"
 
 namespace ptrain {
 
+// --- the process-wide table -----------------------------------------------------------------
+
 namespace {
 
-template <class T>
-MPI_Datatype mpi_type() {
-  if constexpr (std::is_same_v<T, float>)
-    return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, double>)
-    return MPI_DOUBLE;
-  else
-    static_assert(sizeof(T) == 0, "unsupported element type");
+// A deque, so that the rows Comms point to stay put when a new kind is added. Comms are
+// used from the main thread only, so the table needs no lock.
+std::deque<GroupTraffic>& table() {
+  static std::deque<GroupTraffic> rows = [] {
+    std::deque<GroupTraffic> r;
+    for (int g = 0; g < kNumGroupKinds; ++g) r.push_back({group_name(GroupKind(g)), false, {}});
+    return r;
+  }();
+  return rows;
 }
 
-void check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw Error(cat("MPI ", what, " failed: ", std::string(msg, std::size_t(len))));
+int row_for(const std::string& group) {
+  auto& rows = table();
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].group == group) return int(i);
+  rows.push_back(GroupTraffic{group, false, {}});
+  return int(rows.size()) - 1;
+}
+
+// Collectives entered so far, per kind of group (the watchdog's sequence numbers).
+std::int64_t& entered_count(int row) {
+  static std::deque<std::int64_t> counts;
+  while (int(counts.size()) <= row) counts.push_back(0);
+  return counts[std::size_t(row)];
+}
+
+}  // namespace
+
+std::vector<GroupTraffic> traffic_by_group() { return {table().begin(), table().end()}; }
+
+std::vector<GroupTraffic> traffic_since(const std::vector<GroupTraffic>& before) {
+  std::vector<GroupTraffic> now = traffic_by_group();
+  // Rows are only ever appended, so row i of `before` is row i of now.
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    now[i].stats.bytes -= before[i].stats.bytes;
+    now[i].stats.exposed_s -= before[i].stats.exposed_s;
+    now[i].stats.calls -= before[i].stats.calls;
   }
+  return now;
+}
+
+// --- Comm: the counting half ----------------------------------------------------------------
+
+Comm::Comm(std::string name, int size, int rank)
+    : name_(std::move(name)), size_(size), rank_(rank), row_index_(row_for(name_)) {
+  row_ = &table()[std::size_t(row_index_)];
+  row_->used = row_->used || size_ > 1;
+}
+
+void Comm::enter(const char* op) {
+  op_ = op;
+  seq_ = ++entered_count(row_index_);
+  peer_ = -1;
+  watchdog::entered(row_index_, seq_);
+}
+
+void Comm::point_to_point(const char* op, int peer) {
+  op_ = op;
+  seq_ = 0;
+  peer_ = peer;
+}
+
+void Comm::report_hang(const char* op, std::int64_t seq, double waited) const {
+  std::string who;
+  if (seq == 0) {
+    who = cat("; the peer is rank ",
+              peer_ >= 0 && peer_ < int(members_.size()) ? members_[std::size_t(peer_)] : peer_);
+  } else {
+    std::string missing, unseen;
+    for (int r : members_) {
+      const std::int64_t at = watchdog::progress(r, row_index_);
+      if (at < 0)
+        unseen += cat(unseen.empty() ? "" : " ", r);
+      else if (at < seq)
+        missing += cat(missing.empty() ? "" : ", ", "rank ", r, " (at #", at, ")");
+    }
+    who = cat("; not arrived: ", missing.empty() ? "none of the ranks on this node" : missing,
+              unseen.empty() ? "" : cat("; on other nodes, not visible from here: ranks ", unseen));
+  }
+  log::error_any_rank(cat("hang: waited ", waited, " s (run%hang_timeout) for ", op, " #", seq,
+                          " on group '", name_, "'", who, "; aborting the job"));
+  MPI_Abort(MPI_COMM_WORLD, kExitRuntime);
+  std::abort();
+}
+
+void Comm::count(double bytes) {
+  for (CommStats* s : {&stats_, &row_->stats}) {
+    s->bytes += bytes;
+    ++s->calls;
+  }
+}
+
+void Comm::blocked(const char* what, double t0, double t1) {
+  stats_.exposed_s += t1 - t0;
+  row_->stats.exposed_s += t1 - t0;
+  if (size_ > 1 && trace::enabled()) trace::record(what, "comm:" + name_, t0, t1);
+}
+
+std::size_t Comm::total(const std::vector<int>& counts, const char* op) const {
+  PTRAIN_REQUIRE(int(counts.size()) == size_, "comm: ", op, " on '", name_, "' needs ", size_,
+                 " counts (one per rank), got ", counts.size());
+  std::size_t sum = 0;
+  for (int c : counts) {
+    PTRAIN_REQUIRE(c >= 0, "comm: ", op, " on '", name_, "' got a negative count");
+    sum += std::size_t(c);
+  }
+  return sum;
+}
+
+void Comm::check_peer(int peer) const {
+  PTRAIN_REQUIRE(peer >= 0 && peer < size_, "comm: peer ", peer, " is not a rank of '", name_,
+                 "' (", size_, " ranks)");
+}
+
+void Comm::all_reduce_sum_now(double* data, int n) {
+  all_reduce_sum(data, std::size_t(n)).wait();
+}
+
+// --- MPI ------------------------------------------------------------------------------------
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+  }
+  throw Error("comm: unknown element type");
+}
+
+std::size_t type_size(DType t) {
+  int s = 0;
+  MPI_Type_size(mpi_type(t), &s);
+  return std::size_t(s);
+}
+
+// MPI counts are int.
+int mpi_count(std::size_t n) {
+  PTRAIN_REQUIRE(n <= std::size_t(INT_MAX), "comm: ", n, " elements exceed an MPI count");
+  return int(n);
+}
+
+void check(int rc, const char* what) { mpi::check(rc, cat("MPI ", what)); }
+
+// The group's size or this rank's place in it, refusing a rank outside the group.
+int query(MPI_Comm comm, const std::string& name, int (*f)(MPI_Comm, int*)) {
+  PTRAIN_REQUIRE(comm != MPI_COMM_NULL, "comm: group '", name, "' has no communicator here");
+  int v = 0;
+  check(f(comm, &v), "Comm_size/rank");
+  return v;
+}
+
+// counts followed by their prefix sums (the displacements), as one array for a Request.
+std::vector<int> with_displacements(const std::vector<int>& counts) {
+  std::vector<int> a(counts);
+  a.resize(2 * counts.size(), 0);
+  for (std::size_t i = 1; i < counts.size(); ++i)
+    a[counts.size() + i] = a[counts.size() + i - 1] + counts[i - 1];
+  return a;
 }
 
 }  // namespace
@@ -37,6 +192,9 @@ Request& Request::operator=(Request&& o) noexcept {
     if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
     req_ = o.req_;
     comm_ = o.comm_;
+    op_ = o.op_;
+    seq_ = o.seq_;
+    args_ = std::move(o.args_);
     o.req_ = MPI_REQUEST_NULL;
   }
   return *this;
@@ -46,15 +204,24 @@ Request::~Request() {
   if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
 }
 
+Request::Request(MPI_Request r, Comm* c, std::vector<int> args)
+    : req_(r), comm_(c), op_(c->op_), seq_(c->seq_), args_(std::move(args)) {}
+
 void Request::wait() {
   if (!pending()) return;
-  const double t0 = wall_seconds();
-  check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "wait");
-  const double t1 = wall_seconds();
-  if (comm_) {
-    comm_->stats_.exposed_s += t1 - t0;
-    if (comm_->size_ > 1) trace::record("wait", "comm:" + comm_->name_, t0, t1);
+  const double t0 = wall_seconds(), limit = watchdog::timeout_s();
+  if (limit <= 0) {
+    check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "wait");
+  } else {
+    // MPI_Wait would spin the same way; this spin also looks at the clock now and then.
+    int done = 0;
+    for (std::int64_t k = 0; !done; ++k) {
+      check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "test");
+      if (!done && (k & 1023) == 1023 && wall_seconds() - t0 > limit)
+        comm_->report_hang(op_, seq_, wall_seconds() - t0);
+    }
   }
+  if (comm_) comm_->blocked("wait", t0, wall_seconds());
 }
 
 bool Request::test() {
@@ -64,77 +231,83 @@ bool Request::test() {
   return done != 0;
 }
 
-Comm::Comm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
-  PTRAIN_REQUIRE(comm != MPI_COMM_NULL, "comm: group '", name_, "' has no communicator here");
-  MPI_Comm_size(comm_, &size_);
-  MPI_Comm_rank(comm_, &rank_);
+MpiComm::MpiComm(MPI_Comm comm, std::string name)
+    : Comm(name, query(comm, name, MPI_Comm_size), query(comm, name, MPI_Comm_rank)), comm_(comm) {
+  MPI_Group mine, world;
+  MPI_Comm_group(comm_, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(static_cast<std::size_t>(size()));
+  for (int i = 0; i < size(); ++i) ranks[std::size_t(i)] = i;
+  members_.resize(ranks.size());
+  MPI_Group_translate_ranks(mine, size(), ranks.data(), world, members_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
 }
 
-template <class T>
-Request Comm::all_reduce_sum(T* data, std::size_t n) {
-  return all_reduce(data, n, MPI_SUM);
-}
-
-template <class T>
-Request Comm::all_reduce_max(T* data, std::size_t n) {
-  return all_reduce(data, n, MPI_MAX);
-}
-
-template <class T>
-Request Comm::all_reduce(T* data, std::size_t n, MPI_Op op) {
+Request MpiComm::do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) {
   MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), mpi_type<T>(), op, comm_, &r), "Iallreduce");
-  stats_.bytes += 2.0 * (size_ - 1) / size_ * double(n * sizeof(T));
-  ++stats_.calls;
-  return Request(r, this);
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n), mpi_type(t),
+                       op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_, &r),
+        "Iallreduce");
+  return Request(r, this, {});
 }
 
-template <class T>
-Request Comm::reduce_scatter_sum(const T* send, T* recv, const std::vector<int>& counts) {
-  PTRAIN_REQUIRE(int(counts.size()) == size_, "comm: reduce_scatter needs one count per rank");
+Request MpiComm::do_reduce_scatter_sum(const void* send, void* recv, const std::vector<int>& counts,
+                                       DType t) {
+  std::vector<int> args(counts);
   MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Ireduce_scatter(send, recv, counts.data(), mpi_type<T>(), MPI_SUM, comm_, &r),
+  check(MPI_Ireduce_scatter(send, recv, args.data(), mpi_type(t), MPI_SUM, comm_, &r),
         "Ireduce_scatter");
-  const double total = std::accumulate(counts.begin(), counts.end(), 0.0);
-  stats_.bytes += double(size_ - 1) / size_ * total * sizeof(T);
-  ++stats_.calls;
-  return Request(r, this);
+  return Request(r, this, std::move(args));
 }
 
-template <class T>
-Request Comm::all_gather(const T* send, T* recv, const std::vector<int>& counts) {
-  PTRAIN_REQUIRE(int(counts.size()) == size_, "comm: all_gather needs one count per rank");
-  displs_.assign(counts.size(), 0);
-  for (std::size_t i = 1; i < counts.size(); ++i) displs_[i] = displs_[i - 1] + counts[i - 1];
+Request MpiComm::do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
+                               DType t) {
+  std::vector<int> args = with_displacements(counts);
+  const int* displs = args.data() + counts.size();
+  const std::size_t me = std::size_t(rank());
   // The caller's own piece may already sit in place inside recv.
-  const void* mine = send == recv + displs_[std::size_t(rank_)] ? MPI_IN_PLACE : send;
+  const char* place = static_cast<const char*>(recv) + std::size_t(displs[me]) * type_size(t);
+  const void* mine = send == place ? MPI_IN_PLACE : send;
   MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Iallgatherv(mine, counts[std::size_t(rank_)], mpi_type<T>(), recv, counts.data(),
-                        displs_.data(), mpi_type<T>(), comm_, &r),
+  check(MPI_Iallgatherv(mine, counts[me], mpi_type(t), recv, args.data(), displs, mpi_type(t),
+                        comm_, &r),
         "Iallgatherv");
-  const double total = std::accumulate(counts.begin(), counts.end(), 0.0);
-  stats_.bytes += double(size_ - 1) / size_ * total * sizeof(T);
-  ++stats_.calls;
-  return Request(r, this);
+  return Request(r, this, std::move(args));
 }
 
-void Comm::all_reduce_sum_now(double* data, int n) {
-  const double t0 = wall_seconds();
-  check(MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_DOUBLE, MPI_SUM, comm_), "Allreduce");
-  const double t1 = wall_seconds();
-  stats_.exposed_s += t1 - t0;
-  if (size_ > 1) trace::record("all-reduce", "comm:" + name_, t0, t1);
-  stats_.bytes += 2.0 * (size_ - 1) / size_ * n * sizeof(double);
-  ++stats_.calls;
+Request MpiComm::do_send(const void* data, std::size_t n, DType t, int peer, int tag) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Isend(data, mpi_count(n), mpi_type(t), peer, tag, comm_, &r), "Isend");
+  return Request(r, this, {});
 }
 
-#define PTRAIN_COMM_INSTANTIATE(T)                                                     \
-  template Request Comm::all_reduce_sum<T>(T*, std::size_t);                           \
-  template Request Comm::all_reduce_max<T>(T*, std::size_t);                           \
-  template Request Comm::reduce_scatter_sum<T>(const T*, T*, const std::vector<int>&); \
-  template Request Comm::all_gather<T>(const T*, T*, const std::vector<int>&);
-PTRAIN_COMM_INSTANTIATE(float)
-PTRAIN_COMM_INSTANTIATE(double)
-#undef PTRAIN_COMM_INSTANTIATE
+Request MpiComm::do_recv(void* data, std::size_t n, DType t, int peer, int tag) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Irecv(data, mpi_count(n), mpi_type(t), peer, tag, comm_, &r), "Irecv");
+  return Request(r, this, {});
+}
+
+Request MpiComm::do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  const int n = mpi_count(n_per_rank);
+  check(MPI_Ialltoall(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, &r), "Ialltoall");
+  return Request(r, this, {});
+}
+
+Request MpiComm::do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
+                                const std::vector<int>& recv_counts, DType t) {
+  std::vector<int> args = with_displacements(send_counts);
+  const std::vector<int> recv_args = with_displacements(recv_counts);
+  args.insert(args.end(), recv_args.begin(), recv_args.end());
+  const int* a = args.data();  // send counts, send displs, recv counts, recv displs
+  const std::size_t D = send_counts.size();
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Ialltoallv(send, a, a + D, mpi_type(t), recv, a + 2 * D, a + 3 * D, mpi_type(t), comm_,
+                       &r),
+        "Ialltoallv");
+  return Request(r, this, std::move(args));
+}
+
 
 }  // namespace ptrain

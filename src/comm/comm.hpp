@@ -1,84 +1,234 @@
-// comm/comm.hpp — collectives on one group of the grid (ARCHITECTURE.md section 6). Every
-// call is non-blocking and returns a Request the caller waits on, so overlap is explicit.
-// The group counts what it sends (algorithmic ring volume per rank: all-reduce 2(D-1)/D*n,
-// reduce-scatter and all-gather (D-1)/D*n bytes) and the time the caller spent blocked in
-// waits (exposed communication). MPI implementation; NCCL comes with the GPU backend.
+// comm/comm.hpp — collectives and messages on one group of the grid (ARCHITECTURE.md
+// section 6). `Comm` is the interface callers see; `MpiComm` implements it with MPI (NCCL
+// comes with the GPU backend). Every call but all_reduce_sum_now is non-blocking and returns
+// a Request the caller waits on, so overlap is explicit.
+//
+// Counting, the same for every implementation: each call adds the bytes this rank sends by
+// the algorithmic (ring) volume — all-reduce 2(D-1)/D*n, reduce-scatter and all-gather
+// (D-1)/D*n, all-to-all the elements for the other ranks, send n — and waits add the time
+// the caller was blocked (exposed communication). The counts go to the Comm's own stats()
+// and to a process-wide table with one row per kind of group (the Comm's name), which the
+// run log differences step by step.
 #pragma once
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ptrain {
 
 class Comm;
 
-// A pending collective. Move-only; wait() blocks (timed as exposed time of its Comm).
+// Element types a Comm moves; the templates below map C++ types to them.
+enum class DType { f32, f64, i32, i64 };
+enum class ReduceOp { sum, max };
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::i32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::i64;
+  else
+    static_assert(sizeof(T) == 0, "unsupported element type");
+}
+
+// A pending operation. Move-only; wait() blocks (timed as exposed time of its Comm). It
+// holds an MPI request because MpiComm is the only implementation so far; the NCCL one
+// will need its own kind of handle here.
 class Request {
  public:
   Request() = default;
-  Request(Request&& o) noexcept : req_(o.req_), comm_(o.comm_) { o.req_ = MPI_REQUEST_NULL; }
+  Request(Request&& o) noexcept
+      : req_(o.req_), comm_(o.comm_), op_(o.op_), seq_(o.seq_), args_(std::move(o.args_)) {
+    o.req_ = MPI_REQUEST_NULL;
+  }
   Request& operator=(Request&& o) noexcept;
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
-  ~Request();  // waits if still pending: a collective is never abandoned
+  ~Request();  // waits if still pending: an operation is never abandoned
 
+  // Blocks; with the watchdog on (comm/watchdog.hpp), a wait longer than run%hang_timeout
+  // reports who has not arrived and aborts the job.
   void wait();
   bool test();  // true when complete; drives progress of the MPI library
   bool pending() const { return req_ != MPI_REQUEST_NULL; }
 
  private:
-  friend class Comm;
-  Request(MPI_Request r, Comm* c) : req_(r), comm_(c) {}
+  friend class MpiComm;
+  Request(MPI_Request r, Comm* c, std::vector<int> args);
   MPI_Request req_ = MPI_REQUEST_NULL;
   Comm* comm_ = nullptr;
+  const char* op_ = "";   // what it is ("all-reduce"), for the watchdog's report
+  std::int64_t seq_ = 0;  // its number among the group kind's collectives (0: point-to-point)
+  // Counts and displacements of a v-collective: MPI may read them until completion, so
+  // they live here rather than in the caller's (often temporary) vectors.
+  std::vector<int> args_;
 };
 
 struct CommStats {
-  double bytes = 0;      // sent per rank by the ring formulas
+  double bytes = 0;      // sent by this rank (the formulas above)
   double exposed_s = 0;  // time blocked in waits
   std::int64_t calls = 0;
 };
 
+// One row of the process-wide table: every Comm of one kind on this rank, summed.
+struct GroupTraffic {
+  std::string group;  // the kind, as grid/layout.hpp's group_name(): "dense-grad"
+  bool used = false;  // some Comm of this kind has more than one rank
+  CommStats stats;
+};
+// The table now. Rows [0, kNumGroupKinds) are the grid's groups in GroupKind order (so
+// rows[int(GroupKind::tp)] is tp, used or not), then other names in order of first use.
+std::vector<GroupTraffic> traffic_by_group();
+// The traffic since `before` (an earlier traffic_by_group()): counters differenced, `used` now.
+std::vector<GroupTraffic> traffic_since(const std::vector<GroupTraffic>& before);
+
 class Comm {
  public:
-  // Does not own `comm` (the grid does). `name` labels the log columns ("dense-grad").
-  Comm(MPI_Comm comm, std::string name);
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  virtual ~Comm() = default;
 
   int size() const { return size_; }
   int rank() const { return rank_; }
-  MPI_Comm mpi() const { return comm_; }
   const std::string& name() const { return name_; }
 
   // data[0..n) summed (or maxed) over the group, in place.
   template <class T>
-  Request all_reduce_sum(T* data, std::size_t n);
+  Request all_reduce_sum(T* data, std::size_t n) {
+    count(2.0 * (size_ - 1) / size_ * double(n * sizeof(T)));
+    enter("all-reduce");
+    return do_all_reduce(data, n, dtype_of<T>(), ReduceOp::sum);
+  }
   template <class T>
-  Request all_reduce_max(T* data, std::size_t n);
+  Request all_reduce_max(T* data, std::size_t n) {
+    count(2.0 * (size_ - 1) / size_ * double(n * sizeof(T)));
+    enter("all-reduce max");
+    return do_all_reduce(data, n, dtype_of<T>(), ReduceOp::max);
+  }
   // send (sum of counts elements) summed over the group; rank r receives elements
   // [sum(counts[<r]), +counts[r]) of the sum into recv. Counts may be zero.
   template <class T>
-  Request reduce_scatter_sum(const T* send, T* recv, const std::vector<int>& counts);
-  // Rank r contributes counts[r] elements from send; every rank receives the
-  // concatenation into recv (ranks in order).
+  Request reduce_scatter_sum(const T* send, T* recv, const std::vector<int>& counts) {
+    count(double(size_ - 1) / size_ * double(total(counts, "reduce_scatter") * sizeof(T)));
+    enter("reduce-scatter");
+    return do_reduce_scatter_sum(send, recv, counts, dtype_of<T>());
+  }
+  // Rank r contributes counts[r] elements from send; every rank receives the concatenation
+  // into recv (ranks in order). send may be this rank's own place inside recv.
   template <class T>
-  Request all_gather(const T* send, T* recv, const std::vector<int>& counts);
+  Request all_gather(const T* send, T* recv, const std::vector<int>& counts) {
+    count(double(size_ - 1) / size_ * double(total(counts, "all_gather") * sizeof(T)));
+    enter("all-gather");
+    return do_all_gather(send, recv, counts, dtype_of<T>());
+  }
+  // n elements to (from) group rank `peer`, matched by `tag`. A send counts n elements.
+  template <class T>
+  Request send(const T* data, std::size_t n, int peer, int tag) {
+    check_peer(peer);
+    count(double(n * sizeof(T)));
+    point_to_point("send", peer);
+    return do_send(data, n, dtype_of<T>(), peer, tag);
+  }
+  template <class T>
+  Request recv(T* data, std::size_t n, int peer, int tag) {
+    check_peer(peer);
+    count(0);
+    point_to_point("recv", peer);
+    return do_recv(data, n, dtype_of<T>(), peer, tag);
+  }
+  // Block r of n_per_rank elements of send goes to rank r; block r of recv comes from
+  // rank r. send and recv do not overlap. Counts the blocks for the other ranks.
+  template <class T>
+  Request all_to_all(const T* send, T* recv, std::size_t n_per_rank) {
+    count(double(size_ - 1) * double(n_per_rank * sizeof(T)));
+    enter("all-to-all");
+    return do_all_to_all(send, recv, n_per_rank, dtype_of<T>());
+  }
+  // As all_to_all with send_counts[r] elements to rank r and recv_counts[r] from it, each
+  // side packed in rank order (displacements are the prefix sums). Counts may be zero.
+  template <class T>
+  Request all_to_allv(const T* send, const std::vector<int>& send_counts, T* recv,
+                      const std::vector<int>& recv_counts) {
+    total(recv_counts, "all_to_allv");  // checks there is one count per rank
+    const std::size_t sent = total(send_counts, "all_to_allv");
+    count(double((sent - std::size_t(send_counts[std::size_t(rank_)])) * sizeof(T)));
+    enter("all-to-allv");
+    return do_all_to_allv(send, send_counts, recv, recv_counts, dtype_of<T>());
+  }
   // Blocking sum of a few doubles (losses, norms): counted, and timed as exposed.
   void all_reduce_sum_now(double* data, int n);
 
   const CommStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = CommStats{}; }
+  void reset_stats() { stats_ = CommStats{}; }  // this Comm's own; the table keeps counting
+
+ protected:
+  // `name` is the kind of group ("dense-grad"): the table row, the log columns, the trace.
+  Comm(std::string name, int size, int rank);
+
+  // The implementation's half: start the operation (element type t), nothing counted.
+  virtual Request do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) = 0;
+  virtual Request do_reduce_scatter_sum(const void* send, void* recv,
+                                        const std::vector<int>& counts, DType t) = 0;
+  virtual Request do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
+                                DType t) = 0;
+  virtual Request do_send(const void* data, std::size_t n, DType t, int peer, int tag) = 0;
+  virtual Request do_recv(void* data, std::size_t n, DType t, int peer, int tag) = 0;
+  virtual Request do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t) = 0;
+  virtual Request do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
+                                 const std::vector<int>& recv_counts, DType t) = 0;
+  // The world ranks of the members, in group order (the watchdog's report names them).
+  std::vector<int> members_;
 
  private:
   friend class Request;
-  template <class T>
-  Request all_reduce(T* data, std::size_t n, MPI_Op op);
-  MPI_Comm comm_;
+  void count(double bytes);                              // one call sending `bytes`
+  void blocked(const char* what, double t0, double t1);  // caller waited [t0, t1]
+  std::size_t total(const std::vector<int>& counts, const char* op) const;  // one per rank
+  void check_peer(int peer) const;
+  void enter(const char* op);                       // a collective: next sequence number
+  void point_to_point(const char* op, int peer);    // a message: no sequence number
+  [[noreturn]] void report_hang(const char* op, std::int64_t seq, double waited) const;
+
   std::string name_;
   int size_ = 1, rank_ = 0;
   CommStats stats_;
-  std::vector<int> displs_;  // scratch for the v-variants
+  GroupTraffic* row_;  // in the process-wide table (rows are never moved)
+  int row_index_ = 0;  // its index there
+  const char* op_ = "";  // the operation being started (copied into its Request)
+  std::int64_t seq_ = 0;
+  int peer_ = -1;
+};
+
+// The MPI implementation.
+class MpiComm final : public Comm {
+ public:
+  // Does not own `comm` (the grid does).
+  MpiComm(MPI_Comm comm, std::string name);
+  MPI_Comm mpi() const { return comm_; }
+
+ private:
+  Request do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) override;
+  Request do_reduce_scatter_sum(const void* send, void* recv, const std::vector<int>& counts,
+                                DType t) override;
+  Request do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
+                        DType t) override;
+  Request do_send(const void* data, std::size_t n, DType t, int peer, int tag) override;
+  Request do_recv(void* data, std::size_t n, DType t, int peer, int tag) override;
+  Request do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t) override;
+  Request do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
+                         const std::vector<int>& recv_counts, DType t) override;
+
+  MPI_Comm comm_;
 };
 
 }  // namespace ptrain

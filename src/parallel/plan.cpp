@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "parallel/data_parallel.hpp"
+#include "parallel/report.hpp"
 #include "util/error.hpp"
 #include "util/memory.hpp"
 
@@ -15,12 +16,6 @@ constexpr int idx(MemCategory c) { return static_cast<int>(c); }
 
 int dense_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.ep * c.parallel.cp); }
 int expert_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.cp); }
-
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
 
 std::string with_commas(std::int64_t n) {
   std::string s = std::to_string(n);
@@ -203,20 +198,20 @@ std::string plan_report(const Config& config, const Layout& layout) {
            " (tied embeddings, learned positions, biases; "
            "before padding)"));
   const double fpt = model::flops_per_token(config);
-  line(cat("model FLOPs per token: ", fmt("%.4g", fpt),
+  line(cat("model FLOPs per token: ", fixed("%.4g", fpt),
            "  (6*N + 12*L*d_model*seq_len, N = parameters less wpe; fwd + bwd)"));
   const std::int64_t m = micro_batches_per_step(config);
   const double tokens = double(config.train.global_batch) * double(d.S);
-  line(cat("step: ", config.train.global_batch, " samples = ", fmt("%.0f", tokens), " tokens, ", m,
-           " micro-batch(es) of ", config.train.micro_batch, " per rank, ",
-           fmt("%.4g", fpt * tokens), " FLOPs"));
+  line(cat("step: ", config.train.global_batch, " samples = ", fixed("%.0f", tokens),
+           " tokens, ", m, " micro-batch(es) of ", config.train.micro_batch, " per rank, ",
+           fixed("%.4g", fpt * tokens), " FLOPs"));
   if (par.pp > 1)
-    line(cat("pipeline bubble: ", fmt("%.1f%%", 100 * pipeline_bubble(config)),
+    line(cat("pipeline bubble: ", fixed("%.1f%%", 100 * pipeline_bubble(config)),
              " ((p-1)/(v*m+p-1), ", par.pp_schedule, ")"));
   if (config.backend.peak_gflops > 0) {
     const double t = fpt * tokens / (config.backend.peak_gflops * 1e9 * layout.world());
     line(cat("predicted step time at 100% of backend%peak_gflops = ", config.backend.peak_gflops,
-             " GFLOP/s per rank: ", fmt("%.3g s", t)));
+             " GFLOP/s per rank: ", fixed("%.3g s", t)));
   } else {
     line("predicted step time: set backend%peak_gflops (per rank) to get one");
   }

@@ -1,0 +1,173 @@
+#include "parallel/report.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "grid/layout.hpp"
+#include "model/layout.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "util/memory.hpp"
+#include "util/profile.hpp"
+
+namespace ptrain::parallel {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "-";
+  const long t = long(s + 0.5);
+  if (t >= 3600) return cat(t / 3600, "h", (t % 3600) / 60 < 10 ? "0" : "", (t % 3600) / 60, "m");
+  if (t >= 60) return cat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
+  return cat(t, "s");
+}
+
+std::string fixed(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+namespace {
+
+const std::size_t kDenseGrad = std::size_t(GroupKind::dense_grad);
+
+// "dense-grad" -> "dense_grad": CSV headers that are identifiers in awk, Python and pandas.
+std::string column_stem(std::string group) {
+  for (char& c : group)
+    if (c == '-') c = '_';
+  return group;
+}
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> cells(1);
+  for (char c : line)
+    if (c == ',')
+      cells.emplace_back();
+    else
+      cells.back() += c;
+  return cells;
+}
+
+// Rewrites log.csv with its header and the rows of steps < first_step (through a temporary
+// file and a rename: a crash here loses nothing). Returns the header ("" when none).
+std::string keep_rows_before(const std::string& path, std::int64_t first_step) {
+  std::ifstream in(path);
+  std::string header, line;
+  if (!std::getline(in, header) || header.empty()) return "";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << header << '\n';
+    while (std::getline(in, line))
+      if (!line.empty() && std::strtoll(line.c_str(), nullptr, 10) < first_step) out << line << '\n';
+    if (!out.flush()) throw Error(cat("cannot write '", tmp, "'"));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(cat("cannot replace '", path, "'"));
+  return header;
+}
+
+}  // namespace
+
+RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
+               std::int64_t first_step)
+    : config_(config),
+      first_step_(first_step),
+      peak_(peak_gflops_per_rank * world),
+      flops_per_token_(model::flops_per_token(config)),
+      traffic_(traffic_since(traffic_by_group())) {  // zero until measure() runs
+  for (std::size_t i = 0; i < traffic_.size(); ++i)
+    if (traffic_[i].used || i == kDenseGrad) groups_.push_back(i);
+  if (log::rank() != 0) return;
+  columns_ = {"step",        "loss", "val_loss",       "lr",     "grad_norm", "tokens_per_s",
+              "gflops",      "mfu",  "peak_mem_bytes", "t_step", "t_forward", "t_backward",
+              "t_optimizer", "eta_s",  "skipped"};
+  for (std::size_t i : groups_) {
+    const std::string g = column_stem(traffic_[i].group);
+    columns_.insert(columns_.end(), {"bytes_" + g, "exposed_" + g + "_s"});
+    if (i == kDenseGrad) columns_.push_back("overlap_dense_grad");
+  }
+  // A restarted run continues the same log.csv, in the columns it has, without the rows a
+  // crashed run wrote after its last checkpoint (they are about to be computed again).
+  const std::string path = config.run.out_dir + "/log.csv";
+  std::string header;
+  if (first_step > 1) header = keep_rows_before(path, first_step);
+  if (!header.empty()) columns_ = split_csv_line(header);
+  csv_.open(path, header.empty() ? std::ios::trunc : std::ios::app);
+  if (!csv_) throw Error(cat("cannot write '", path, "'"));
+  for (std::size_t c = 0; header.empty() && c < columns_.size(); ++c)
+    csv_ << columns_[c] << (c + 1 < columns_.size() ? ',' : '\n');
+}
+
+void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
+  const double tok_s = double(r.tokens) / r.t_step;
+  const double gflops = flops_per_token_ * double(r.tokens) / r.t_step / 1e9;
+  const double mfu = peak_ > 0 ? gflops / peak_ : 0;
+  const double eta =
+      elapsed / double(r.step - first_step_ + 1) * double(config_.run.steps - r.step);
+  const double mem = double(memory::stats().total_peak);
+  if (log::rank() != 0) return;
+  // Losses and norms to the last bit (%.17g), so runs can be compared exactly.
+  std::map<std::string, std::string> cell = {
+      {"step", std::to_string(r.step)},
+      {"loss", fixed("%.17g", r.loss)},
+      {"val_loss", std::isnan(val_loss) ? "" : fixed("%.17g", val_loss)},
+      {"lr", fixed("%.6g", r.lr)},
+      {"grad_norm", fixed("%.17g", r.grad_norm)},
+      {"tokens_per_s", fixed("%.1f", tok_s)},
+      {"gflops", fixed("%.3f", gflops)},
+      {"mfu", fixed("%.4f", mfu)},
+      {"peak_mem_bytes", fixed("%.0f", mem)},
+      {"t_step", fixed("%.6f", r.t_step)},
+      {"t_forward", fixed("%.6f", r.t_forward)},
+      {"t_backward", fixed("%.6f", r.t_backward)},
+      {"t_optimizer", fixed("%.6f", r.t_optimizer)},
+      {"eta_s", fixed("%.1f", eta)},
+      {"skipped", r.skipped ? "1" : "0"},
+      {"overlap_dense_grad", fixed("%.4f", r.comm_overlap)}};
+  std::string comm_text;
+  for (std::size_t i : groups_) {
+    const GroupTraffic& t = traffic_[i];
+    const std::string g = column_stem(t.group);
+    cell["bytes_" + g] = fixed("%.0f", t.stats.bytes);
+    cell["exposed_" + g + "_s"] = fixed("%.6f", t.stats.exposed_s);
+    if (t.stats.bytes > 0)
+      comm_text += cat(" | ", t.group, " comm ", format_bytes(t.stats.bytes), ", ",
+                       fixed("%.3f", t.stats.exposed_s), " s exposed",
+                       i == kDenseGrad ? fixed(", %.0f%% overlapped", 100 * r.comm_overlap) : "");
+  }
+  for (std::size_t c = 0; c < columns_.size(); ++c)
+    csv_ << cell[columns_[c]] << (c + 1 < columns_.size() ? ',' : '\n');
+  csv_.flush();
+  const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
+                     r.step == config_.run.steps || !std::isnan(val_loss) || r.skipped;
+  if (!print) return;
+  log::info(cat("step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
+                fixed("%.4f", r.loss),
+                std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)),
+                " | lr ", fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ",
+                fixed("%.0f", tok_s), " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ",
+                fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
+                fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
+                fixed("%.3f", r.t_optimizer), " s", comm_text, " | ETA ", format_duration(eta),
+                r.skipped ? " | SKIPPED: not finite, update dropped (train%nonfinite)" : ""));
+}
+
+std::string bench_report(double step_seconds, std::int64_t steps) {
+  if (steps == 0) return "bench: run at least 2 steps for a kernel breakdown";
+  std::string r = cat("bench: time per step by kernel family (mean of ", steps,
+                      " steps after the first, each region fenced)\n");
+  double sum = 0;
+  for (const auto& [name, t] : profile::totals()) {
+    const double per = t / double(steps);
+    sum += per;
+    r += cat("  ", name, std::string(name.size() < 14 ? 14 - name.size() : 0, ' '),
+             fixed("%9.4f s", per), fixed("  %5.1f%%\n", 100 * per / step_seconds));
+  }
+  r += cat("  other         ", fixed("%9.4f s", step_seconds - sum),
+           fixed("  %5.1f%%", 100 * (step_seconds - sum) / step_seconds));
+  return r;
+}
+
+}  // namespace ptrain::parallel
