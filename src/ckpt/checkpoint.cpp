@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "ckpt/common.hpp"
 #include "ckpt/h5.hpp"
@@ -30,6 +32,7 @@ namespace {
 // The three kinds of tensor datasets: parameters and the two AdamW moments.
 constexpr int kKinds = 3;
 const char* const kGroup[kKinds] = {"model", "optim/m", "optim/v"};
+const char* const kGroupLeaf[kKinds] = {"model", "m", "v"};  // in the root, /optim, /optim
 const char* const kBufferName[kKinds] = {"parameter", "m", "v"};
 
 template <class P>
@@ -120,15 +123,15 @@ std::string collect_holdings(const std::vector<ChunkLayout>& chunks, const Buffe
 std::map<std::string, Shape> gather_names(MPI_Comm comm, const std::map<std::string, Shape>& known,
                                           const std::string& where) {
   std::string error;
-  auto names = union_of_shapes(comm, known, where, error);
-  agree(comm, error.empty() ? "" : where + error);
+  auto names = union_of_shapes(comm, known, error);
+  mpi::agree(comm, error.empty() ? "" : where + error);
   return names;
 }
 
 // The moments exist on every rank or on none.
 void agree_on_moments(MPI_Comm comm, bool moments, const std::string& where) {
-  int mine[2] = {moments ? 1 : 0, moments ? 0 : 1}, both[2];
-  MPI_Allreduce(mine, both, 2, MPI_INT, MPI_MAX, comm);
+  std::vector<std::int64_t> both{moments ? 1 : 0, moments ? 0 : 1};
+  mpi::max(comm, both);
   PTRAIN_REQUIRE(!(both[0] && both[1]), where,
                  "some ranks have optimizer moments (m, v) and others have none");
 }
@@ -167,7 +170,7 @@ std::vector<DatasetPlan> make_plans(MPI_Comm comm, const std::map<std::string, S
     }
     calls.push_back(static_cast<std::int64_t>(p.transfers.size()));
   }
-  max_over_ranks(comm, calls);
+  mpi::max(comm, calls);
   for (std::size_t i = 0; i < plans.size(); ++i) plans[i].calls = calls[i];
   return plans;
 }
@@ -195,6 +198,17 @@ Catalog checkpoint_catalog(MPI_Comm comm, const std::string& path) {
                         [&](const std::map<std::string, std::string>& attributes) {
                           return checkpoint_version_problem(path, attributes);
                         });
+}
+
+// The catalogue of a weights file just written (the verification of save_owned_weights).
+Catalog weights_catalog(MPI_Comm comm, const std::string& path) {
+  return shared_catalog(
+      comm, path, {"model"}, [&](const std::map<std::string, std::string>& attributes) {
+        auto version = attributes.find("format_version");
+        if (version != attributes.end() && version->second == kWeightsFormatVersion)
+          return std::string();
+        return cat(path, ": not a weights file of format_version ", kWeightsFormatVersion);
+      });
 }
 
 // Why the file cannot restart this model and optimizer (the first problem found), or "".
@@ -321,8 +335,8 @@ std::string read_state(const std::string& path) {
 // /state of `path` on every rank; throws the same error on every rank.
 CheckpointState shared_state(MPI_Comm comm, const std::string& path) {
   std::string bytes;
-  if (rank_of(comm) == 0) bytes = read_state(path);
-  bytes = broadcast_string(comm, 0, std::move(bytes));
+  if (mpi::rank(comm) == 0) bytes = read_state(path);
+  bytes = mpi::broadcast(comm, 0, std::move(bytes));
   Unpacker in(bytes.data(), bytes.size());
   const std::string error = in.str();
   if (!error.empty()) throw Error(error);
@@ -342,7 +356,7 @@ struct ReadTotals {
 // Reads one dataset's holdings for this rank (elements of the file's type U), sums the
 // checksum of the primary ones and converts into staging[kind][chunk] when given.
 template <class U, class T>
-void read_plan(const DatasetPlan& p, hid_t dset, hid_t dxpl, const std::string& what,
+void read_plan(MPI_Comm comm, const DatasetPlan& p, hid_t dset, hid_t dxpl, const std::string& what,
                std::vector<std::vector<std::vector<T>>>* staging, std::uint64_t& checksum,
                std::int64_t& counted) {
   auto filespace = h5::space(H5Dget_space(dset), what);
@@ -351,7 +365,9 @@ void read_plan(const DatasetPlan& p, hid_t dset, hid_t dxpl, const std::string& 
   for_each_transfer(
       p.transfers, p.calls, filespace.get(), what, [&](const Transfer* t, hid_t fsel, hid_t msel) {
         void* ptr = t ? static_cast<void*>(raw.data() + t->offset) : empty_selection_buffer();
-        h5::check(H5Dread(dset, native_type<U>(), msel, fsel, dxpl, ptr), cat(what, ": read"));
+        collective_step(comm, cat(what, ": read"), [&] {
+          h5::check(H5Dread(dset, native_type<U>(), msel, fsel, dxpl, ptr), cat(what, ": read"));
+        });
       });
   std::int64_t offset = 0;
   for (const Holding* h : p.holdings) {
@@ -384,19 +400,24 @@ ReadTotals read_holdings(const std::string& path, MPI_Comm comm,
     for (std::size_t i = 0; i < plans.size(); ++i) {
       const DatasetPlan& p = plans[i];
       const std::string what = cat(path, ": ", p.path());
-      auto dset = h5::dataset(H5Dopen2(file.get(), p.path().c_str(), H5P_DEFAULT), what);
+      h5::Handle dset;
+      collective_step(comm, what + ": open", [&] {
+        dset = h5::dataset(H5Dopen2(file.get(), p.path().c_str(), H5P_DEFAULT), what);
+      });
       const int bytes = catalog.groups.at(kGroup[p.kind]).at(p.name).elem_bytes;
       if (bytes == 4)
-        read_plan<float>(p, dset.get(), dxpl.get(), what, staging, r.checksum[i], r.counted[i]);
+        read_plan<float>(comm, p, dset.get(), dxpl.get(), what, staging, r.checksum[i],
+                         r.counted[i]);
       else
-        read_plan<double>(p, dset.get(), dxpl.get(), what, staging, r.checksum[i], r.counted[i]);
+        read_plan<double>(comm, p, dset.get(), dxpl.get(), what, staging, r.checksum[i],
+                          r.counted[i]);
       r.bytes += p.numel * bytes;
     }
   }
-  sum_over_ranks(comm, r.checksum);
-  sum_over_ranks(comm, r.counted);
+  mpi::sum(comm, r.checksum);
+  mpi::sum(comm, r.counted);
   std::vector<std::int64_t> bytes{r.bytes};
-  sum_over_ranks(comm, bytes);
+  mpi::sum(comm, bytes);
   r.bytes = bytes[0];
   return r;
 }
@@ -422,73 +443,190 @@ void check_totals(const std::string& path, const std::vector<DatasetPlan>& plans
 
 // ---- writing ------------------------------------------------------------------------------
 
+// What a save writes, the same on every rank but for this rank's part: its holdings, every
+// dataset in the common order (pointing into `holdings`) and the checksums of whole datasets.
+struct SavePlan {
+  std::vector<Holding> holdings;
+  std::map<std::string, Shape> names;
+  std::vector<DatasetPlan> plans;
+  std::vector<std::uint64_t> checksum;
+  std::int64_t tensor_bytes = 0;
+};
+
+template <class T>
+const T* data_of(const Buffers<const T>& buffers, const Holding& h) {
+  return owned_of(buffers, h.kind)[static_cast<std::size_t>(h.chunk)].data + h.at;
+}
+
+// "<dataset> holds nan on rank 3" for the first element of this rank's part that is not
+// finite, or "".
+template <class T>
+std::string first_non_finite(MPI_Comm comm, const SavePlan& s, const Buffers<const T>& buffers) {
+  for (const auto& p : s.plans)
+    for (const Holding* h : p.holdings) {
+      const T* x = data_of(buffers, *h);
+      for (std::int64_t j = 0; j < h->numel; ++j)
+        if (!std::isfinite(x[j]))
+          return cat(p.path(), " holds ", x[j], " on rank ", mpi::rank(comm));
+    }
+  return {};
+}
+
+// Checks the buffers, the holder predicate and the attributes (`error`: the caller's own
+// finding), then plans the datasets and sums their checksums, all before anything is written.
+// A non-finite value is refused: a diverged run must not replace the good files.
+template <class T>
+SavePlan plan_save(MPI_Comm comm, const std::vector<ChunkLayout>& chunks,
+                   const Buffers<const T>& buffers, const TensorPredicate& holder,
+                   const std::map<std::string, std::string>& attributes, std::string error,
+                   const std::string& where) {
+  SavePlan s;
+  std::map<std::string, Shape> known;
+  for (const char* reserved : {"format_version", "checksum_algorithm"})
+    if (error.empty() && attributes.count(reserved))
+      error = cat("the attribute name '", reserved, "' is reserved");
+  if (error.empty()) error = collect_holdings(chunks, buffers, holder, true, s.holdings, known);
+  mpi::agree(comm, error.empty() ? "" : where + error);
+  agree_on_moments(comm, buffers.moments, where);
+  s.names = gather_names(comm, known, where);
+  require_same_attributes(comm, attributes, where);
+  s.plans = make_plans(comm, s.names, s.holdings, kinds_of(buffers));
+  const std::size_t n = s.plans.size();
+  s.checksum.assign(n, 0);
+  std::vector<std::int64_t> written(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const DatasetPlan& p = s.plans[i];
+    s.tensor_bytes += product(p.shape) * static_cast<std::int64_t>(sizeof(T));
+    for (const Holding* h : p.holdings) {
+      s.checksum[i] += boxes_checksum(p.shape, h->boxes, data_of(buffers, *h));
+      written[i] += h->numel;
+    }
+  }
+  mpi::sum(comm, s.checksum);
+  mpi::sum(comm, written);
+  for (std::size_t i = 0; i < n; ++i)
+    PTRAIN_REQUIRE(written[i] == product(s.plans[i].shape), where, "the ranks chosen to write ",
+                   s.plans[i].path(), " hold ", written[i], " of its ", product(s.plans[i].shape),
+                   " elements (the owned ranges and the holder predicate must choose each "
+                   "element exactly once)");
+  const std::string bad = first_non_finite(comm, s, buffers);
+  mpi::agree(comm, bad.empty() ? "" : cat(where, "not written: ", bad));
+  return s;
+}
+
 // A scalar written by rank 0 in a collective call (the others select nothing).
-void write_scalar(hid_t group, const StateField& f, std::uint64_t bits, hid_t dxpl, bool root,
+void write_scalar(MPI_Comm comm, hid_t group, const StateField& f, std::uint64_t bits, hid_t dxpl,
                   const std::string& what) {
-  auto dset = create_dataset(group, f.name, file_type_of(f.type), {}, what);
-  write_checksum_attribute(dset.get(), element_hash(0, bits), what);
+  h5::Handle dset;
+  collective_step(comm, what + ": create", [&] {
+    dset = create_dataset(group, f.name, file_type_of(f.type), {}, what);
+    write_checksum_attribute(dset.get(), element_hash(0, bits), what);
+  });
   auto fsel = h5::space(H5Screate(H5S_SCALAR), what);
   auto msel = h5::space(H5Screate(H5S_SCALAR), what);
-  if (!root) {
+  if (mpi::rank(comm) != 0) {
     h5::check(H5Sselect_none(fsel.get()), what);
     h5::check(H5Sselect_none(msel.get()), what);
   }
-  h5::check(H5Dwrite(dset.get(), native_of(f.type), msel.get(), fsel.get(), dxpl, &bits),
-            what + ": write");
-  dset.close(what);
+  collective_step(comm, what + ": write", [&] {
+    h5::check(H5Dwrite(dset.get(), native_of(f.type), msel.get(), fsel.get(), dxpl, &bits),
+              what + ": write");
+  });
+  close_step(comm, dset, what);
 }
 
-template <class T>
-void write_file(const std::string& path, MPI_Comm comm, const std::vector<DatasetPlan>& plans,
-                const Buffers<const T>& buffers, const std::vector<std::uint64_t>& checksum,
-                const CheckpointState& state, const std::map<std::string, std::string>& attributes,
-                const std::string& where) {
-  auto file = create_parallel(path, comm, where);
-  write_string_attribute(file.get(), "format_version", kCheckpointFormatVersion, path);
-  write_string_attribute(file.get(), "checksum_algorithm", kChecksumAlgorithm, path);
-  for (const auto& [k, v] : attributes) write_string_attribute(file.get(), k, v, path);
-  auto make_group = [&](hid_t parent, const char* name, const std::string& what) {
-    return h5::group(H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), what);
-  };
-  std::vector<h5::Handle> groups;
-  groups.push_back(make_group(file.get(), "model", path + ": /model"));
-  h5::Handle optim;
-  if (buffers.moments) {
-    optim = make_group(file.get(), "optim", path + ": /optim");
-    groups.push_back(make_group(optim.get(), "m", path + ": /optim/m"));
-    groups.push_back(make_group(optim.get(), "v", path + ": /optim/v"));
-  }
-  auto dxpl = collective_transfer_plist(where + "transfer");
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    const DatasetPlan& p = plans[i];
-    const std::string what = cat(path, ": ", p.path());
-    auto dset = create_dataset(groups[static_cast<std::size_t>(p.kind)].get(), p.name,
-                               file_type<T>(), p.shape, what);
-    write_checksum_attribute(dset.get(), checksum[i], what);
-    auto space = h5::space(H5Dget_space(dset.get()), what);
-    const T* base = nullptr;  // a save plan has at most one holding (collect_holdings)
-    if (!p.holdings.empty()) {
-      const Holding& h = *p.holdings.front();
-      base = owned_of(buffers, h.kind)[static_cast<std::size_t>(h.chunk)].data + h.at;
-    }
-    for_each_transfer(
-        p.transfers, p.calls, space.get(), what, [&](const Transfer* t, hid_t fsel, hid_t msel) {
-          const void* ptr =
-              t ? static_cast<const void*>(base + t->offset) : empty_selection_buffer();
-          h5::check(H5Dwrite(dset.get(), native_type<T>(), msel, fsel, dxpl.get(), ptr),
-                    what + ": write");
-        });
-    dset.close(what);
-  }
-  auto state_group = make_group(file.get(), "state", path + ": /state");
+void write_state(MPI_Comm comm, hid_t file, const CheckpointState& state, hid_t dxpl,
+                 const std::string& path) {
+  auto group = create_group(comm, file, "state", path + ": /state");
   const auto bits = state_bits(state);
   for (std::size_t i = 0; i < bits.size(); ++i)
-    write_scalar(state_group.get(), kStateFields[i], bits[i], dxpl.get(), rank_of(comm) == 0,
+    write_scalar(comm, group.get(), kStateFields[i], bits[i], dxpl,
                  cat(path, ": /state/", kStateFields[i].name));
-  state_group.close(path + ": /state");
-  for (auto& g : groups) g.close(path + ": group");
-  if (optim) optim.close(path + ": /optim");
-  file.close(path);
+  close_step(comm, group, path + ": /state");
+}
+
+// The file of a save: a checkpoint when `state` is given, else a weights file (/model only).
+template <class T>
+void write_file(const std::string& path, MPI_Comm comm, const SavePlan& s,
+                const Buffers<const T>& buffers, const CheckpointState* state,
+                const std::map<std::string, std::string>& attributes, const std::string& where) {
+  const std::size_t n_state = state ? std::size(kStateFields) : 0;
+  const std::int64_t bytes = estimated_file_bytes(s.tensor_bytes + 8 * std::int64_t(n_state),
+                                                  s.plans.size() + n_state, attributes);
+  const char* version = state ? kCheckpointFormatVersion : kWeightsFormatVersion;
+  write_new_file(path, comm, bytes, version, attributes, where, [&](hid_t file) {
+    std::vector<h5::Handle> groups;  // by kind
+    h5::Handle optim;
+    for (int k = 0; k < kinds_of(buffers); ++k) {
+      if (k == 1) optim = create_group(comm, file, "optim", path + ": /optim");
+      groups.push_back(create_group(comm, k == 0 ? file : optim.get(), kGroupLeaf[k],
+                                    cat(path, ": /", kGroup[k])));
+    }
+    auto dxpl = collective_transfer_plist(where + "transfer");
+    for (std::size_t i = 0; i < s.plans.size(); ++i) {
+      const DatasetPlan& p = s.plans[i];
+      TensorWrite<T> t{p.name, p.shape, s.checksum[i], &p.transfers, p.calls};
+      // A save plan has at most one holding (collect_holdings).
+      if (!p.holdings.empty()) t.data = data_of(buffers, *p.holdings.front());
+      write_tensor(comm, groups[static_cast<std::size_t>(p.kind)].get(), dxpl.get(), t,
+                   cat(path, ": ", p.path()));
+    }
+    if (state) write_state(comm, file, *state, dxpl.get(), path);
+    for (int k = 0; k < kinds_of(buffers); ++k)
+      close_step(comm, groups[static_cast<std::size_t>(k)], cat(path, ": /", kGroup[k]));
+    if (optim) close_step(comm, optim, path + ": /optim");
+  });
+}
+
+// What the load path checks, over the parts each rank wrote.
+template <class T>
+void verify_file(const std::string& path, MPI_Comm comm, const SavePlan& s, bool moments,
+                 const CheckpointState* state, const std::string& where) {
+  const Catalog catalog = state ? checkpoint_catalog(comm, path) : weights_catalog(comm, path);
+  std::string problem = catalog_problem(path, catalog, s.names, moments);
+  for (std::size_t i = 0; problem.empty() && i < s.plans.size(); ++i)
+    if (catalog.groups.at(kGroup[s.plans[i].kind]).at(s.plans[i].name).checksum != s.checksum[i])
+      problem = cat(path, ": ", s.plans[i].path(), " has the wrong checksum attribute");
+  if (!problem.empty()) throw Error(problem);
+  if (state && state_bits(shared_state(comm, path)) != state_bits(*state))
+    throw Error(cat(path, ": /state reads back other values than were written"));
+  const auto totals =
+      read_holdings<T>(path, comm, s.plans, catalog, nullptr, where + "verification: ");
+  check_totals(path, s.plans, totals, catalog, where);
+}
+
+// Rank 0 removes a temporary file that will not be published (it may be large).
+void discard(MPI_Comm comm, const std::string& tmp) {
+  if (mpi::rank(comm) == 0) std::remove(tmp.c_str());
+}
+
+// Writes the temporary file `tmp` of a save and verifies it. On any failure, the same on every
+// rank, the file is removed and nothing is published. Returns the seconds of both.
+template <class T>
+std::pair<double, double> write_verified(const std::string& tmp, MPI_Comm comm, const SavePlan& s,
+                                         const Buffers<const T>& buffers,
+                                         const CheckpointState* state,
+                                         const std::map<std::string, std::string>& attributes,
+                                         const std::string& where) {
+  const double t0 = MPI_Wtime();
+  try {
+    write_file<T>(tmp, comm, s, buffers, state, attributes, where);
+  } catch (const Error& e) {
+    discard(comm, tmp);
+    throw Error(cat(where, e.what(), " (nothing was published)"), e.exit_code());
+  }
+  MPI_Barrier(comm);  // every rank's part is in the file before anyone reads it back
+  const double t1 = MPI_Wtime();
+  try {
+    verify_file<T>(tmp, comm, s, buffers.moments, state, where);
+  } catch (const Error& e) {
+    // MPI-IO can lose writes to a full disk without an error: say so when that is the case.
+    const std::string reason = os_write_reason(comm, tmp);
+    discard(comm, tmp);
+    throw Error(
+        cat(where, "verification of the written file failed (file removed): ", e.what(), reason));
+  }
+  return {t1 - t0, MPI_Wtime() - t1};
 }
 
 // ---- the folder: names, sync, rename, prune -----------------------------------------------
@@ -534,25 +672,29 @@ void rename_path(const std::string& from, const std::string& to) {
   if (ec) throw Error(cat("cannot rename ", from, " to ", to, ": ", ec.message()));
 }
 
-// Rank 0, after verification: publish the file, point `latest` at it, prune the folder.
-// Returns the removed files.
-std::vector<std::string> publish(const std::string& dir, const std::string& tmp,
-                                 const std::string& name, int keep) {
-  const std::string final_path = in_folder(dir, name);
+// Rank 0, after verification: the temporary file becomes `final_path`, its data on disk first.
+void rename_synced(const std::string& tmp, const std::string& final_path) {
   sync_path(tmp, false);
   rename_path(tmp, final_path);
-  const std::string pointer = in_folder(dir, "latest"), pointer_tmp = in_folder(dir, "latest.tmp");
-  {
-    std::ofstream out(pointer_tmp, std::ios::trunc);
-    out << name << "\n";
-    out.close();
-    if (!out) throw Error(cat(pointer_tmp, ": cannot write"));
-  }
-  sync_path(pointer_tmp, false);
-  rename_path(pointer_tmp, pointer);
-  sync_path(dir.empty() ? "." : dir, true);
+}
 
-  // Keep the file just written and, of the others, the keep - 1 of the highest steps.
+// Rank 0 makes the folder when missing and checks that it can take the temporary file; every
+// rank throws when not.
+void agree_folder_ready(MPI_Comm comm, const std::string& dir, const std::string& tmp,
+                        const std::string& where) {
+  std::string error;
+  if (mpi::rank(comm) == 0) {
+    std::error_code ec;
+    if (!dir.empty()) fs::create_directories(dir, ec);
+    error =
+        ec ? cat(where, "cannot create the folder ", dir, ": ", ec.message()) : folder_problem(tmp);
+  }
+  mpi::agree(comm, error);
+}
+
+// Rank 0: keeps the file just written and, of the others, the keep - 1 of the highest steps;
+// removes temporary files left by crashed saves. Returns the removed files.
+std::vector<std::string> prune(const std::string& dir, const std::string& name, int keep) {
   std::vector<std::pair<std::int64_t, std::string>> others;
   std::vector<std::string> removed;
   std::error_code ec;
@@ -560,7 +702,7 @@ std::vector<std::string> publish(const std::string& dir, const std::string& tmp,
     const std::string n = entry.path().filename().string();
     if (n == name || !entry.is_regular_file()) continue;
     if (const auto s = step_of_name(n); s >= 0) others.emplace_back(s, n);
-    if (is_temporary_name(n)) removed.push_back(n);  // left by a crashed save
+    if (is_temporary_name(n)) removed.push_back(n);
   }
   if (ec) throw Error(cat(dir, ": cannot list the checkpoint folder: ", ec.message()));
   std::sort(others.rbegin(), others.rend());
@@ -571,6 +713,56 @@ std::vector<std::string> publish(const std::string& dir, const std::string& tmp,
     if (ec) throw Error(cat(in_folder(dir, n), ": cannot remove: ", ec.message()));
   }
   return removed;
+}
+
+// Rank 0, after verification: publish the file, point `latest` at it, prune the folder.
+// The new pointer is written before anything is renamed, so a disk too full for it leaves the
+// folder as it was. Returns the removed files.
+std::vector<std::string> publish(const std::string& dir, const std::string& tmp,
+                                 const std::string& name, int keep) {
+  const std::string pointer = in_folder(dir, "latest"), pointer_tmp = in_folder(dir, "latest.tmp");
+  {
+    std::ofstream out(pointer_tmp, std::ios::trunc);
+    out << name << "\n";
+    out.close();
+    if (!out) {
+      std::remove(pointer_tmp.c_str());
+      throw Error(cat(pointer_tmp, ": cannot write: ", std::strerror(errno)));
+    }
+  }
+  sync_path(pointer_tmp, false);
+  rename_synced(tmp, in_folder(dir, name));
+  rename_path(pointer_tmp, pointer);
+  sync_path(dir.empty() ? "." : dir, true);
+  return prune(dir, name, keep);
+}
+
+// Runs `publish` (returning the files it removed) on rank 0 and agrees on how it went; a
+// failure removes the temporary file. Every rank's report gets the file size and the removals.
+template <class Publish>
+void publish_on_root(MPI_Comm comm, const std::string& tmp, const std::string& where,
+                     SaveReport& report, Publish&& publish) {
+  std::vector<std::string> removed;
+  std::string error;
+  std::int64_t file_bytes = 0;
+  if (mpi::rank(comm) == 0) {
+    try {
+      std::error_code ec;
+      file_bytes = static_cast<std::int64_t>(fs::file_size(tmp, ec));
+      removed = publish();
+    } catch (const std::exception& e) {
+      std::remove(tmp.c_str());
+      error = where + e.what();
+    }
+  }
+  mpi::agree(comm, error);
+  Packer r;
+  r.i64(file_bytes);
+  for (const auto& f : removed) r.str(f);
+  const std::string bytes = mpi::broadcast(comm, 0, r.bytes);
+  Unpacker in(bytes.data(), bytes.size());
+  report.file_bytes = in.i64();
+  while (!in.done()) report.removed.push_back(in.str());
 }
 
 std::string utc_now() {
@@ -620,123 +812,61 @@ SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
                            const std::map<std::string, std::string>& attributes, int keep) {
   h5::QuietErrors quiet;
   const double t0 = MPI_Wtime();
-  const bool root = rank_of(comm) == 0;
   const std::string name = checkpoint_file_name(state.step);
   const std::string tmp = in_folder(dir, "." + name + ".tmp");
   const std::string where = cat("save_checkpoint ", in_folder(dir, name), ": ");
 
   // 1. What this rank writes; every rank agrees on the datasets, attributes and state.
-  std::vector<Holding> holdings;
-  std::map<std::string, Shape> known;
   std::string error;
   if (keep < 1) error = cat("keep = ", keep, ": at least the newest checkpoint must be kept");
   if (error.empty() && state.step < 0) error = cat("the step ", state.step, " is negative");
-  for (const char* reserved : {"format_version", "checksum_algorithm"})
-    if (error.empty() && attributes.count(reserved))
-      error = cat("the attribute name '", reserved, "' is reserved");
-  if (error.empty()) error = collect_holdings(chunks, buffers, holder, true, holdings, known);
-  agree(comm, error.empty() ? "" : where + error);
-  agree_on_moments(comm, buffers.moments, where);
-  const auto names = gather_names(comm, known, where);
-  {
-    Packer a;
-    for (const auto& [k, v] : attributes) {
-      a.str(k);
-      a.str(v);
-    }
-    require_same_on_all_ranks(comm, a.bytes, where, "the attributes");
-    Packer s;
-    for (auto b : state_bits(state)) s.u64(b);
-    s.i64(keep);
-    require_same_on_all_ranks(comm, s.bytes, where, "the state (step, samples, t, seed, lr, keep)");
-  }
+  const SavePlan s = plan_save(comm, chunks, buffers, holder, attributes, error, where);
+  Packer st;
+  for (auto b : state_bits(state)) st.u64(b);
+  st.i64(keep);
+  require_same_on_all_ranks(comm, st.bytes, where, "the state (step, samples, t, seed, lr, keep)");
 
-  // 2. Checksums and coverage, reduced once for all datasets before anything is written.
-  const auto plans = make_plans(comm, names, holdings, kinds_of(buffers));
-  const std::size_t n = plans.size();
-  std::vector<std::uint64_t> checksum(n, 0);
-  std::vector<std::int64_t> written(n, 0);
-  SaveReport report;
-  report.data_bytes = static_cast<std::int64_t>(std::size(kStateFields)) * 8;
-  for (std::size_t i = 0; i < n; ++i) {
-    const DatasetPlan& p = plans[i];
-    report.data_bytes += product(p.shape) * static_cast<std::int64_t>(sizeof(T));
-    for (const Holding* h : p.holdings) {
-      const T* data = owned_of(buffers, h->kind)[static_cast<std::size_t>(h->chunk)].data + h->at;
-      checksum[i] += boxes_checksum(p.shape, h->boxes, data);
-      written[i] += h->numel;
-    }
-  }
-  sum_over_ranks(comm, checksum);
-  sum_over_ranks(comm, written);
-  for (std::size_t i = 0; i < n; ++i)
-    PTRAIN_REQUIRE(written[i] == product(plans[i].shape), where, "the ranks chosen to write ",
-                   plans[i].path(), " hold ", written[i], " of its ", product(plans[i].shape),
-                   " elements (the owned ranges and the holder predicate must choose each "
-                   "element exactly once)");
-
-  // 3. The folder (made when missing) and the date, by rank 0 for everyone.
+  // 2. The folder (made when missing) and the date, by rank 0 for everyone.
+  agree_folder_ready(comm, dir, tmp, where);
   std::map<std::string, std::string> attrs = attributes;
-  std::string date;
-  error.clear();
-  if (root) {
-    std::error_code ec;
-    if (!dir.empty()) fs::create_directories(dir, ec);
-    error =
-        ec ? cat(where, "cannot create the folder ", dir, ": ", ec.message()) : folder_problem(tmp);
-    date = utc_now();
-  }
-  agree(comm, error);
-  if (!attrs.count("date")) attrs["date"] = broadcast_string(comm, 0, date);
+  const std::string date = mpi::broadcast(comm, 0, mpi::rank(comm) == 0 ? utc_now() : "");
+  if (!attrs.count("date")) attrs["date"] = date;
 
-  // 4. Collective write of the temporary file.
-  write_file<T>(tmp, comm, plans, buffers, checksum, state, attrs, where);
-  MPI_Barrier(comm);  // every rank's part is in the file before anyone reads it back
-  const double t1 = MPI_Wtime();
-
-  // 5. Verify: what the load path checks, over the parts each rank wrote.
-  try {
-    const Catalog catalog = checkpoint_catalog(comm, tmp);
-    std::string problem = catalog_problem(tmp, catalog, names, buffers.moments);
-    for (std::size_t i = 0; problem.empty() && i < n; ++i)
-      if (catalog.groups.at(kGroup[plans[i].kind]).at(plans[i].name).checksum != checksum[i])
-        problem = cat(tmp, ": ", plans[i].path(), " has the wrong checksum attribute");
-    if (!problem.empty()) throw Error(problem);
-    if (state_bits(shared_state(comm, tmp)) != state_bits(state))
-      throw Error(cat(tmp, ": /state reads back other values than were written"));
-    const auto totals =
-        read_holdings<T>(tmp, comm, plans, catalog, nullptr, where + "verification: ");
-    check_totals(tmp, plans, totals, catalog, where);
-  } catch (const Error& e) {
-    if (root) std::remove(tmp.c_str());
-    throw Error(cat(where, "verification of the written file failed (file removed): ", e.what()));
-  }
-  const double t2 = MPI_Wtime();
-
-  // 6. Publish: rename, `latest`, prune (rank 0), then everyone learns how it went.
-  std::vector<std::string> removed;
-  error.clear();
-  std::int64_t file_bytes = 0;
-  if (root) {
-    try {
-      std::error_code ec;
-      file_bytes = static_cast<std::int64_t>(fs::file_size(tmp, ec));
-      removed = publish(dir, tmp, name, keep);
-    } catch (const std::exception& e) {
-      error = where + e.what();
-    }
-  }
-  agree(comm, error);
-  Packer r;
-  r.i64(file_bytes);
-  for (const auto& f : removed) r.str(f);
-  const std::string bytes = broadcast_string(comm, 0, r.bytes);
-  Unpacker in(bytes.data(), bytes.size());
-  report.file_bytes = in.i64();
-  while (!in.done()) report.removed.push_back(in.str());
+  // 3. The temporary file, written and verified; then published by rank 0.
+  SaveReport report;
+  std::tie(report.write_seconds, report.verify_seconds) =
+      write_verified(tmp, comm, s, buffers, &state, attrs, where);
+  publish_on_root(comm, tmp, where, report, [&] { return publish(dir, tmp, name, keep); });
   report.path = in_folder(dir, name);
-  report.write_seconds = t1 - t0;
-  report.verify_seconds = t2 - t1;
+  report.data_bytes = s.tensor_bytes + static_cast<std::int64_t>(std::size(kStateFields)) * 8;
+  report.seconds = MPI_Wtime() - t0;
+  return report;
+}
+
+template <class T>
+SaveReport save_owned_weights(const std::string& path, MPI_Comm comm,
+                              const std::vector<ChunkLayout>& chunks,
+                              const Buffers<const T>& buffers, const TensorPredicate& holder,
+                              const std::map<std::string, std::string>& attributes) {
+  h5::QuietErrors quiet;
+  const double t0 = MPI_Wtime();
+  const fs::path final_path(path);
+  const std::string dir = final_path.parent_path().string();
+  const std::string tmp = in_folder(dir, "." + final_path.filename().string() + ".tmp");
+  const std::string where = cat("save weights ", path, ": ");
+  const Buffers<const T> params{buffers.params, false, {}, {}};
+  const SavePlan s = plan_save(comm, chunks, params, holder, attributes, "", where);
+  agree_folder_ready(comm, dir, tmp, where);
+  SaveReport report;
+  std::tie(report.write_seconds, report.verify_seconds) =
+      write_verified(tmp, comm, s, params, nullptr, attributes, where);
+  publish_on_root(comm, tmp, where, report, [&] {
+    rename_synced(tmp, path);
+    sync_path(dir.empty() ? "." : dir, true);
+    return std::vector<std::string>{};
+  });
+  report.path = path;
+  report.data_bytes = s.tensor_bytes;
   report.seconds = MPI_Wtime() - t0;
   return report;
 }
@@ -749,22 +879,22 @@ CheckpointState load_checkpoint(const std::string& restart, const std::string& d
   const double t0 = MPI_Wtime();
   // 1. The file (rank 0 resolves 'latest' for everyone).
   std::string path, error;
-  if (rank_of(comm) == 0) {
+  if (mpi::rank(comm) == 0) {
     try {
       path = resolve_checkpoint(restart, dir);
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  agree(comm, error);
-  path = broadcast_string(comm, 0, path);
+  mpi::agree(comm, error);
+  path = mpi::broadcast(comm, 0, path);
   const std::string where = cat("load_checkpoint ", path, ": ");
 
   // 2. What this rank needs, the model's tensors, what the file holds and its state.
   std::vector<Holding> holdings;
   std::map<std::string, Shape> known;
   error = collect_holdings(chunks, buffers, holder, false, holdings, known);
-  agree(comm, error.empty() ? "" : where + error);
+  mpi::agree(comm, error.empty() ? "" : where + error);
   agree_on_moments(comm, buffers.moments, where);
   const auto names = gather_names(comm, known, where);
   const Catalog catalog = checkpoint_catalog(comm, path);
@@ -813,7 +943,10 @@ CheckpointState load_checkpoint(const std::string& restart, const std::string& d
                                          const std::map<std::string, std::string>&, int);          \
   template CheckpointState load_checkpoint<T>(const std::string&, const std::string&, MPI_Comm,    \
                                               const std::vector<ChunkLayout>&, const Buffers<T>&,  \
-                                              const TensorPredicate&, CheckpointLoadReport*);
+                                              const TensorPredicate&, CheckpointLoadReport*);      \
+  template SaveReport save_owned_weights<T>(                                                       \
+      const std::string&, MPI_Comm, const std::vector<ChunkLayout>&, const Buffers<const T>&,      \
+      const TensorPredicate&, const std::map<std::string, std::string>&);
 PTRAIN_CKPT_INSTANTIATE(float)
 PTRAIN_CKPT_INSTANTIATE(double)
 #undef PTRAIN_CKPT_INSTANTIATE

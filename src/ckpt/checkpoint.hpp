@@ -26,9 +26,10 @@
 //   ckpt_00000100.h5        the checkpoint after step 100 (%08d; more digits past 10^8)
 //   .ckpt_00000100.h5.tmp   the same while it is written and verified (never read)
 //   latest                  one line: the file name of the newest verified checkpoint
-// A save writes the temporary file, closes it, verifies it (re-reads every written part and
-// checks the per-dataset checksums), syncs it to disk, renames it to its final name, then
-// replaces `latest` by writing latest.tmp and renaming it. So `latest` always names a whole,
+// A save first makes sure the folder has room for the file (common.hpp: agree_space_for),
+// writes the temporary file, closes it, verifies it (re-reads every written part and checks
+// the per-dataset checksums), syncs it to disk, writes latest.tmp, renames the file to its
+// final name, then renames latest.tmp to `latest`. So `latest` always names a whole,
 // verified file, whatever moment a crash comes at.
 //
 // Who owns what: per chunk and per buffer (params, m, v) a rank owns a contiguous range
@@ -42,6 +43,12 @@
 // t == 0 for tp-replicated tensors, and d == 0 under ZeRO 0). Ranks whose holder is false
 // still read their owned ranges on load. Both save and load check that the chosen ranks
 // cover every element of every dataset exactly once (by count) and fail otherwise.
+//
+// Saves refuse non-finite values (a diverged run): the error names the first such dataset and
+// the rank holding it, and nothing is written. Every collective step of writing (and reading)
+// a file agrees on its success across the ranks before the next one, so a failure on one rank
+// (a full disk) is every rank's error "<file>: <object>: <operation>: <reason>", not a hang;
+// the temporary file is removed and `latest` and the kept checkpoints stay as they were.
 //
 // Every function here is collective over comm unless it says otherwise; errors are thrown as
 // ptrain::Error (exit code kExitRuntime) on every rank alike. load_checkpoint finds every
@@ -114,6 +121,17 @@ SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
                            const Buffers<const T>& buffers, const TensorPredicate& holder,
                            const CheckpointState& state,
                            const std::map<std::string, std::string>& attributes, int keep);
+
+// Writes the parameters of `buffers` (its moments are ignored) as a weights file
+// (format_version 1, weights.hpp) at `path` from owned ranges, as save_checkpoint does: no rank
+// holds more than its own part. Like a checkpoint it is written as ".<name>.tmp" in the same
+// folder, verified and renamed, so a failed save leaves an existing `path` as it was.
+// `attributes` as for save_checkpoint (no date is added). Returns no removed files.
+template <class T>
+SaveReport save_owned_weights(const std::string& path, MPI_Comm comm,
+                              const std::vector<model::ChunkLayout>& chunks,
+                              const Buffers<const T>& buffers, const TensorPredicate& holder,
+                              const std::map<std::string, std::string>& attributes);
 
 struct CheckpointLoadReport {
   std::string path;                               // the file read

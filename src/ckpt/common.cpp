@@ -1,10 +1,12 @@
 #include "ckpt/common.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -131,49 +133,6 @@ std::uint64_t fnv1a(const std::string& bytes) {
   return h;
 }
 
-int rank_of(MPI_Comm comm) {
-  int r = 0;
-  MPI_Comm_rank(comm, &r);
-  return r;
-}
-
-std::string broadcast_string(MPI_Comm comm, int root, std::string s) {
-  long long n = static_cast<long long>(s.size());
-  MPI_Bcast(&n, 1, MPI_LONG_LONG, root, comm);
-  s.resize(static_cast<std::size_t>(n));
-  if (n > 0) MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm);
-  return s;
-}
-
-std::string allgather_bytes(MPI_Comm comm, const std::string& mine, const std::string& where) {
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  int my_bytes = static_cast<int>(mine.size());
-  std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-  MPI_Allgather(&my_bytes, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
-  long long total = 0;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    displs[r] = static_cast<int>(total);
-    total += counts[r];
-  }
-  PTRAIN_REQUIRE(total < (1LL << 31), where, "the tensor catalogue is too large (", total,
-                 " bytes)");
-  std::string all(static_cast<std::size_t>(total), '\0');
-  MPI_Allgatherv(mine.data(), my_bytes, MPI_CHAR, all.data(), counts.data(), displs.data(),
-                 MPI_CHAR, comm);
-  return all;
-}
-
-void agree(MPI_Comm comm, const std::string& local_error) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  int mine = local_error.empty() ? size : rank, first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == size) return;
-  throw Error(broadcast_string(comm, first, local_error));
-}
-
 void require_same_on_all_ranks(MPI_Comm comm, const std::string& bytes, const std::string& where,
                                const std::string& what) {
   // max(h) and ~min(h) in one reduction: equal extremes mean every rank has the same h.
@@ -182,17 +141,14 @@ void require_same_on_all_ranks(MPI_Comm comm, const std::string& bytes, const st
   PTRAIN_REQUIRE(m[0] == ~m[1], where, what, " differ between ranks");
 }
 
-void sum_over_ranks(MPI_Comm comm, std::vector<std::uint64_t>& v) {
-  if (!v.empty())
-    MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM, comm);
-}
-void sum_over_ranks(MPI_Comm comm, std::vector<std::int64_t>& v) {
-  if (!v.empty())
-    MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_SUM, comm);
-}
-void max_over_ranks(MPI_Comm comm, std::vector<std::int64_t>& v) {
-  if (!v.empty())
-    MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_MAX, comm);
+void require_same_attributes(MPI_Comm comm, const std::map<std::string, std::string>& attributes,
+                             const std::string& where) {
+  Packer p;
+  for (const auto& [k, v] : attributes) {
+    p.str(k);
+    p.str(v);
+  }
+  require_same_on_all_ranks(comm, p.bytes, where, "the attributes");
 }
 
 WorkspaceCharge::WorkspaceCharge(std::size_t bytes) : bytes_(bytes) {
@@ -241,6 +197,137 @@ void* empty_selection_buffer() {
   static double dummy = 0;
   return &dummy;
 }
+
+// ---- collective steps, and writing a file -------------------------------------------------
+
+namespace {
+std::string& injected_failure() {
+  static std::string what;
+  return what;
+}
+
+bool& space_check() {
+  static bool on = true;
+  return on;
+}
+
+h5::Handle create_parallel(const std::string& path, MPI_Comm comm, const std::string& where) {
+  auto fapl = h5::plist(H5Pcreate(H5P_FILE_ACCESS), where + "file access");
+  h5::check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where + "MPI-IO driver");
+  h5::check(H5Pset_coll_metadata_write(fapl.get(), true), where + "collective metadata");
+  // The 1.8 format stores attributes larger than 64 KiB (a long deck) densely.
+  h5::check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), where + "format");
+  return h5::file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                  cat(path, ": cannot create"));
+}
+
+// Rank 0: errno of reserving `bytes` in a new file at `path` (removed again), 0 when it could,
+// or when the file system cannot reserve space (then unknown, taken as fine).
+int reserve_errno(const std::string& path, std::int64_t bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int err = fd < 0 ? errno : fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  if (fd >= 0) close(fd);
+  std::remove(path.c_str());
+  return err == EOPNOTSUPP || err == ENOSYS ? 0 : err;
+}
+}  // namespace
+
+void inject_failure(const std::string& what) { injected_failure() = what; }
+
+void fail_if_injected(const std::string& what) {
+  std::string& injected = injected_failure();
+  if (injected.empty() || what.find(injected) == std::string::npos) return;
+  injected.clear();
+  throw Error(cat(what, ": ", std::strerror(ENOSPC)));
+}
+
+void close_step(MPI_Comm comm, h5::Handle& handle, const std::string& what) {
+  collective_step(comm, what + ": close", [&] { handle.close(what); });
+}
+
+h5::Handle create_file(const std::string& path, MPI_Comm comm, const char* format_version,
+                       const std::map<std::string, std::string>& attributes,
+                       const std::string& where) {
+  h5::Handle file;
+  collective_step(comm, path + ": create", [&] { file = create_parallel(path, comm, where); });
+  std::map<std::string, std::string> all{{"format_version", format_version},
+                                         {"checksum_algorithm", kChecksumAlgorithm}};
+  all.insert(attributes.begin(), attributes.end());
+  // The reserved ones first, then the caller's in name order, as files have always had them.
+  auto write = [&](const std::string& name) {
+    collective_step(comm, cat(path, ": attribute ", name),
+                    [&] { write_string_attribute(file.get(), name, all.at(name), path); });
+  };
+  write("format_version");
+  write("checksum_algorithm");
+  for (const auto& [name, value] : attributes) write(name);
+  return file;
+}
+
+std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_datasets,
+                                  const std::map<std::string, std::string>& attributes) {
+  // Observed: about 400 bytes of metadata per dataset; the attributes are stored once.
+  std::int64_t bytes = data_bytes + 64 * 1024 + 1024 * static_cast<std::int64_t>(n_datasets);
+  for (const auto& [name, value] : attributes)
+    bytes += 2 * static_cast<std::int64_t>(name.size() + value.size()) + 256;
+  return bytes;
+}
+
+void check_space_first(bool on) { space_check() = on; }
+
+void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes) {
+  const int err = mpi::rank(comm) == 0 && space_check() ? reserve_errno(path, bytes) : 0;
+  mpi::agree(comm, err ? cat(path, ": create: ", std::strerror(err), " (",
+                             format_bytes(double(bytes)), " needed)")
+                       : std::string());
+}
+
+std::string os_write_reason(MPI_Comm comm, const std::string& path) {
+  int err = mpi::rank(comm) == 0 ? reserve_errno(path + ".probe", 1 << 20) : 0;
+  MPI_Bcast(&err, 1, MPI_INT, 0, comm);
+  return err ? cat(": ", std::strerror(err)) : std::string();
+}
+
+void give_up(MPI_Comm comm, const std::string& path) {
+  std::error_code ignored;  // a file never made has nothing to free, nor its close to write
+  if (mpi::rank(comm) == 0) std::filesystem::resize_file(path, 0, ignored);
+  MPI_Barrier(comm);
+}
+
+h5::Handle create_group(MPI_Comm comm, hid_t parent, const char* name, const std::string& what) {
+  h5::Handle group;
+  collective_step(comm, what + ": create", [&] {
+    group = h5::group(H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), what);
+  });
+  return group;
+}
+
+template <class T>
+void write_tensor(MPI_Comm comm, hid_t group, hid_t dxpl, const TensorWrite<T>& t,
+                  const std::string& what) {
+  h5::Handle dset, space;
+  collective_step(comm, what + ": create", [&] {
+    dset = create_dataset(group, t.name, file_type<T>(), t.shape, what);
+    write_checksum_attribute(dset.get(), t.checksum, what);
+    space = h5::space(H5Dget_space(dset.get()), what);
+  });
+  // Ranks that write nothing (or less) still take part in every collective call.
+  static const std::vector<Transfer> none;
+  for_each_transfer(t.transfers ? *t.transfers : none, t.calls, space.get(), what,
+                    [&](const Transfer* tr, hid_t fsel, hid_t msel) {
+                      const void* ptr = tr ? static_cast<const void*>(t.data + tr->offset)
+                                           : empty_selection_buffer();
+                      collective_step(comm, cat(what, ": write"), [&] {
+                        h5::check(H5Dwrite(dset.get(), native_type<T>(), msel, fsel, dxpl, ptr),
+                                  cat(what, ": write"));
+                      });
+                    });
+  close_step(comm, dset, what);
+}
+template void write_tensor<float>(MPI_Comm, hid_t, hid_t, const TensorWrite<float>&,
+                                  const std::string&);
+template void write_tensor<double>(MPI_Comm, hid_t, hid_t, const TensorWrite<double>&,
+                                   const std::string&);
 
 // ---- files --------------------------------------------------------------------------------
 
@@ -323,16 +410,6 @@ h5::Handle open_serial(const std::string& path) {
     throw Error(cat(path, ": HDF5 cannot read it (truncated or damaged file): ", why));
   }
   return h5::Handle(f, H5Fclose);
-}
-
-h5::Handle create_parallel(const std::string& path, MPI_Comm comm, const std::string& where) {
-  auto fapl = h5::plist(H5Pcreate(H5P_FILE_ACCESS), where + "file access");
-  h5::check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where + "MPI-IO driver");
-  h5::check(H5Pset_coll_metadata_write(fapl.get(), true), where + "collective metadata");
-  // The 1.8 format stores attributes larger than 64 KiB (a long deck) densely.
-  h5::check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), where + "format");
-  return h5::file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
-                  cat(path, ": cannot create"));
 }
 
 h5::Handle open_parallel(const std::string& path, MPI_Comm comm, const std::string& where) {
@@ -499,27 +576,28 @@ Catalog read_catalog(const std::string& path, const std::vector<std::string>& gr
 Catalog shared_catalog(MPI_Comm comm, const std::string& path,
                        const std::vector<std::string>& groups, const AttributeCheck& check) {
   std::string bytes;
-  if (rank_of(comm) == 0) bytes = read_catalog(path, groups, check).pack();
-  return Catalog::unpack(broadcast_string(comm, 0, std::move(bytes)));
+  if (mpi::rank(comm) == 0) bytes = read_catalog(path, groups, check).pack();
+  return Catalog::unpack(mpi::broadcast(comm, 0, std::move(bytes)));
 }
 
-std::map<std::string, Shape> union_of_shapes(MPI_Comm comm, const std::map<std::string, Shape>& mine,
-                                             const std::string& where, std::string& error) {
+std::map<std::string, Shape> union_of_shapes(MPI_Comm comm,
+                                             const std::map<std::string, Shape>& mine,
+                                             std::string& error) {
   Packer packed;
   for (const auto& [name, shape] : mine) {
     packed.str(name);
     packed.shape(shape);
   }
-  const std::string all = allgather_bytes(comm, packed.bytes, where);
   std::map<std::string, Shape> names;
-  for (Unpacker in(all.data(), all.size()); !in.done();) {
-    std::string name = in.str();
-    Shape shape = in.shape();
-    auto [it, fresh] = names.emplace(name, shape);
-    if (!fresh && it->second != shape && error.empty())
-      error = cat(name, ": ranks disagree on its global shape (", format_shape(it->second), " and ",
-                  format_shape(shape), ")");
-  }
+  for (const std::string& theirs : mpi::all_gather(comm, packed.bytes))
+    for (Unpacker in(theirs.data(), theirs.size()); !in.done();) {
+      std::string name = in.str();
+      Shape shape = in.shape();
+      auto [it, fresh] = names.emplace(name, shape);
+      if (!fresh && it->second != shape && error.empty())
+        error = cat(name, ": ranks disagree on its global shape (", format_shape(it->second),
+                    " and ", format_shape(shape), ")");
+    }
   return names;
 }
 

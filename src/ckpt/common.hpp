@@ -1,7 +1,7 @@
 // ckpt/common.hpp — internal to the ckpt module: what the weights files (weights.cpp) and the
 // training checkpoints (checkpoint.cpp) share. The order-free checksum, blocks of a global
-// tensor and the row-major ranges of them, the collective hyperslab transfers, agreement of
-// all ranks on errors, string attributes, and the catalogue of what a file holds.
+// tensor and the row-major ranges of them, the collective hyperslab transfers, the writing of
+// a file in steps all ranks agree on, string attributes, and the catalogue of what a file holds.
 #pragma once
 #include <hdf5.h>
 #include <mpi.h>
@@ -17,6 +17,7 @@
 #include "ckpt/h5.hpp"
 #include "model/layout.hpp"
 #include "util/error.hpp"
+#include "util/mpi.hpp"
 
 namespace ptrain::ckpt::detail {
 
@@ -174,27 +175,18 @@ class Unpacker {
   const char* end_;
 };
 
-int rank_of(MPI_Comm comm);
-std::string broadcast_string(MPI_Comm comm, int root, std::string s);
-// Every rank's byte strings, concatenated in rank order, on every rank.
-std::string allgather_bytes(MPI_Comm comm, const std::string& mine, const std::string& where);
-
-// Makes every rank throw the same error when any rank found one (the lowest such rank's).
-void agree(MPI_Comm comm, const std::string& local_error);
-
 // The union over the ranks of their (tensor name -> global shape) maps, sorted by name.
 // Sets `error` (when empty) if two ranks disagree on a shape; the caller agrees on it.
-std::map<std::string, Shape> union_of_shapes(MPI_Comm comm, const std::map<std::string, Shape>& mine,
-                                             const std::string& where, std::string& error);
+std::map<std::string, Shape> union_of_shapes(MPI_Comm comm,
+                                             const std::map<std::string, Shape>& mine,
+                                             std::string& error);
 
 // Throws "<where><what> differ between ranks" unless `bytes` is the same on every rank.
 void require_same_on_all_ranks(MPI_Comm comm, const std::string& bytes, const std::string& where,
                                const std::string& what);
-
-// In-place element-wise reductions over comm.
-void sum_over_ranks(MPI_Comm comm, std::vector<std::uint64_t>& v);
-void sum_over_ranks(MPI_Comm comm, std::vector<std::int64_t>& v);
-void max_over_ranks(MPI_Comm comm, std::vector<std::int64_t>& v);
+// The same for the root attributes of a file to write.
+void require_same_attributes(MPI_Comm comm, const std::map<std::string, std::string>& attributes,
+                             const std::string& where);
 
 // Keeps a host buffer's bytes in the tracked memory statistics while it lives.
 class WorkspaceCharge {
@@ -258,6 +250,103 @@ void for_each_transfer(const std::vector<Transfer>& transfers, std::int64_t call
 // A buffer for the memory side of an empty selection.
 void* empty_selection_buffer();
 
+// ---- collective steps, and writing a file -------------------------------------------------
+// Writing (or reading) a file is a sequence of collective HDF5 calls. When one of them fails
+// on one rank only (the disk fills up under the rank whose data lands there) and that rank
+// threw at once, the others would wait forever in the next collective call. So each step runs
+// on every rank and then all agree on how it went: a failure anywhere is the same one-line
+// Error ("<file>: <object>: <operation>: <reason>") everywhere before the next collective call,
+// and every rank unwinds (closes) the same handles.
+
+// Testing: the next collective step of this rank whose description contains `what` fails
+// after it ran, as a full disk makes a write fail (empty: none).
+void inject_failure(const std::string& what);
+// Throws the injected failure when `what` matches it (and forgets it).
+void fail_if_injected(const std::string& what);
+
+// Runs `step`, one collective HDF5 operation described by `what`, then agrees on its outcome.
+template <class Fn>
+void collective_step(MPI_Comm comm, const std::string& what, Fn&& step) {
+  mpi::agree_on(comm, [&] {
+    step();
+    fail_if_injected(what);
+  });
+}
+
+// Closes a handle of a file being written, as a write step (a file's close flushes).
+void close_step(MPI_Comm comm, h5::Handle& handle, const std::string& what);
+
+// A new file `path` (an existing one is overwritten) with the root attributes of every ptrain
+// file: format_version, checksum_algorithm, then `attributes` (the same on every rank).
+h5::Handle create_file(const std::string& path, MPI_Comm comm, const char* format_version,
+                       const std::map<std::string, std::string>& attributes,
+                       const std::string& where);
+
+// A generous size of a file of `n_datasets` datasets holding `data_bytes` in all, with the
+// root `attributes` (HDF5's metadata included).
+std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_datasets,
+                                  const std::map<std::string, std::string>& attributes);
+
+// HDF5 writes its metadata collectively when it flushes (at the latest when the file closes);
+// when that write fails on one rank only, that rank leaves the flush early and the others wait
+// inside HDF5 forever, beyond any agreement of ours. So a full disk must be found before:
+// rank 0 reserves `bytes` at `path` (fallocate, then releases them) and every rank throws
+// "<path>: create: <reason> (<size> needed)" when that fails. File systems without fallocate
+// are not checked.
+void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes);
+// Testing: turns that check off, so that a full disk fails the writes themselves.
+void check_space_first(bool on);
+
+// Rank 0 empties a file being given up after a failed write, before anyone closes it: the
+// space it took is then free for the metadata HDF5 still writes at the close (see above).
+void give_up(MPI_Comm comm, const std::string& path);
+
+// What the OS says about writing more next to `path` (a full disk, a quota, a read-only file
+// system): ": <reason>", or "" when it sees no problem. Rank 0 looks, every rank gets it; for
+// the failures HDF5 reports only as "file write failed".
+std::string os_write_reason(MPI_Comm comm, const std::string& path);
+
+// Writes a new file: checks the space (about `bytes`), creates it (create_file), lets
+// `contents(file)` write it, closes it. A failure anywhere is the same Error on every rank,
+// after which the file is given up and closed on every rank alike.
+template <class Contents>
+void write_new_file(const std::string& path, MPI_Comm comm, std::int64_t bytes,
+                    const char* format_version,
+                    const std::map<std::string, std::string>& attributes, const std::string& where,
+                    Contents&& contents) {
+  agree_space_for(comm, path, bytes);
+  h5::Handle file;  // outlives the handler below: closed after the file is emptied
+  try {
+    file = create_file(path, comm, format_version, attributes, where);
+    contents(file.get());
+    close_step(comm, file, path);
+  } catch (const Error& e) {
+    const std::string reason = os_write_reason(comm, path);
+    give_up(comm, path);
+    throw Error(e.what() + reason, e.exit_code());
+  }
+}
+
+h5::Handle create_group(MPI_Comm comm, hid_t parent, const char* name, const std::string& what);
+
+// One tensor dataset: its global shape, the checksum of all of it, and this rank's part, the
+// `transfers` of the elements at `data`, in `calls` collective writes (the most any rank
+// makes; a rank with fewer transfers, or none, selects nothing in the rest).
+template <class T>
+struct TensorWrite {
+  std::string name;
+  Shape shape;
+  std::uint64_t checksum = 0;
+  const std::vector<Transfer>* transfers = nullptr;
+  std::int64_t calls = 0;
+  const T* data = nullptr;
+};
+
+// Creates the dataset under `group` with its checksum attribute and writes every rank's part.
+template <class T>
+void write_tensor(MPI_Comm comm, hid_t group, hid_t dxpl, const TensorWrite<T>& t,
+                  const std::string& what);
+
 // ---- files --------------------------------------------------------------------------------
 
 void write_string_attribute(hid_t object, const std::string& name, const std::string& value,
@@ -272,8 +361,7 @@ std::string folder_problem(const std::string& path);
 // Opens a file serially for reading, with a message saying why it cannot be.
 h5::Handle open_serial(const std::string& path);
 
-// Collective create / read-only open with the MPI-IO driver.
-h5::Handle create_parallel(const std::string& path, MPI_Comm comm, const std::string& where);
+// Collective read-only open with the MPI-IO driver.
 h5::Handle open_parallel(const std::string& path, MPI_Comm comm, const std::string& where);
 
 // A dataset of `shape` (empty: scalar) allocated at creation and never filled.

@@ -1,6 +1,12 @@
 #include "ckpt/training.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <vector>
@@ -11,19 +17,30 @@
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
-#include "util/timer.hpp"
+#include "util/mpi.hpp"
 #include "util/version.hpp"
 
 namespace ptrain::ckpt {
 
 namespace {
 
-// "1.40 GiB in 3.21 s = 445.12 MiB/s"
-std::string rate(double bytes, double seconds) {
+// "3.21"
+std::string fixed_seconds(double seconds) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f", seconds);
-  return cat(format_bytes(bytes), " in ", s,
+  return s;
+}
+
+// "1.40 GiB in 3.21 s = 445.12 MiB/s"
+std::string rate(double bytes, double seconds) {
+  return cat(format_bytes(bytes), " in ", fixed_seconds(seconds),
              " s = ", format_bytes(seconds > 0 ? bytes / seconds : 0), "/s");
+}
+
+// "-> out/final.h5 (1.40 GiB in 3.21 s = 445.12 MiB/s written, verified in 1.02 s)"
+std::string saved(const SaveReport& r) {
+  return cat("-> ", r.path, " (", rate(double(r.file_bytes), r.write_seconds),
+             " written, verified in ", fixed_seconds(r.verify_seconds), " s)");
 }
 
 // Weights files: one holder of every element, the first data-parallel replica, and for
@@ -51,16 +68,57 @@ TensorPredicate state_holder(const Config& config, const Grid& grid) {
   };
 }
 
+// What this rank owns of the parameters and, with `moments`, of the optimizer's moments.
 template <class P, class T>
-Buffers<P> owned_state(parallel::Trainer<T>& trainer) {
+Buffers<P> owned_state(parallel::Trainer<T>& trainer, bool moments = true) {
   auto& dp = trainer.data_parallel();
   const auto lo = std::size_t(dp.update_lo()), hi = std::size_t(dp.update_hi());
   Buffers<P> b;
   b.params.push_back({dp.update_params().data(), lo, hi});
   const auto state = trainer.optimizer().state();
-  b.moments = !state.empty();
-  for (const auto& [name, view] : state) (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
+  b.moments = moments && !state.empty();
+  if (b.moments)
+    for (const auto& [name, view] : state)
+      (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
   return b;
+}
+
+// Why `dir` is no folder to write in, or "". With `create` it is made when missing; without,
+// its nearest existing ancestor must take new entries (it is made at the first save).
+std::string folder_unusable(const std::string& dir, bool create) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path at = dir;
+  while (!at.empty() && !fs::exists(at, ec)) at = at.parent_path();
+  if (at.empty()) at = ".";
+  if (!fs::is_directory(at, ec))
+    return cat(at.string(),
+               fs::is_regular_file(at, ec) ? " is a file, not a folder" : " is not a folder");
+  if (create && !fs::exists(dir, ec)) {
+    fs::create_directories(dir, ec);
+    if (ec) return cat("cannot create it: ", ec.message());
+    at = dir;
+  }
+  // Permission bits do not tell (root ignores them, a read-only mount does not show): try.
+  std::string probe = (at / ".ptrain-probe-XXXXXX").string();
+  const int fd = mkstemp(probe.data());
+  if (fd < 0) return cat("cannot write in ", at.string(), ": ", std::strerror(errno));
+  close(fd);
+  unlink(probe.c_str());
+  return {};
+}
+
+// Reads the user's file (init_from, restart): a problem any rank finds becomes every
+// rank's, and the user's to fix: exit code 2, printed once.
+template <class R, class F>
+R users_file(F&& read) {
+  R result{};
+  try {
+    mpi::agree_on(MPI_COMM_WORLD, [&] { result = read(); });
+  } catch (const Error& e) {
+    throw Error(e.what(), kExitInput);
+  }
+  return result;
 }
 
 }  // namespace
@@ -68,6 +126,19 @@ Buffers<P> owned_state(parallel::Trainer<T>& trainer) {
 std::string checkpoint_dir(const Config& config) {
   const std::string& d = config.checkpoint.dir;
   return !d.empty() && d[0] == '/' ? d : config.run.out_dir + "/" + d;
+}
+
+void check_writable(const Config& config, MPI_Comm comm) {
+  std::string error;
+  if (mpi::rank(comm) == 0) {
+    auto check = [&](const char* key, const std::string& dir, bool create) {
+      const std::string problem = folder_unusable(dir, create);
+      if (error.empty() && !problem.empty()) error = cat(key, " folder '", dir, "': ", problem);
+    };
+    check("run%out_dir", config.run.out_dir, true);
+    check("checkpoint%dir", checkpoint_dir(config), config.checkpoint.every > 0);
+  }
+  mpi::agree(comm, error, kExitInput);
 }
 
 template <class T>
@@ -79,8 +150,11 @@ void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& tr
   }
   LoadReport report;
   std::vector<T> whole(std::size_t(trainer.model().layout().numel));
-  load_weights<T>(config.model.init_from, MPI_COMM_WORLD, {trainer.model().layout()},
-                  {whole.data()}, weights_holder(grid), &report);
+  users_file<bool>([&] {
+    load_weights<T>(config.model.init_from, MPI_COMM_WORLD, {trainer.model().layout()},
+                    {whole.data()}, weights_holder(grid), &report);
+    return true;
+  });
   dp.set_weights(whole.data());
   log::info(cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
 }
@@ -89,22 +163,26 @@ template <class T>
 std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
   if (config.checkpoint.restart.empty()) return 0;
   if (config.checkpoint.restart == "latest") {
-    int have = log::rank() == 0 && std::ifstream(checkpoint_dir(config) + "/latest").good();
-    MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!have) {
+    // Rank 0 looks for everyone.
+    const bool here = log::rank() == 0 && std::ifstream(checkpoint_dir(config) + "/latest").good();
+    if (mpi::max(MPI_COMM_WORLD, here) == 0) {
       log::warn(cat("checkpoint%restart = 'latest' but ", checkpoint_dir(config),
                     " has no checkpoint yet: starting from step 0"));
       return 0;
     }
   }
   CheckpointLoadReport report;
-  const auto state = load_checkpoint<T>(
-      config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
-      owned_state<T>(trainer), state_holder(config, grid), &report);
+  const auto state = users_file<CheckpointState>([&] {
+    return load_checkpoint<T>(config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD,
+                              {trainer.model().layout()}, owned_state<T>(trainer),
+                              state_holder(config, grid), &report);
+  });
   trainer.data_parallel().finish_step();  // ZeRO 1/2: shards -> whole parameters
   trainer.optimizer().set_t(state.optimizer_t);
-  PTRAIN_REQUIRE(state.seed == std::uint64_t(config.run.seed), "restart: ", report.path,
-                 " was written with run%seed = ", state.seed, ", this run has ", config.run.seed);
+  if (state.seed != std::uint64_t(config.run.seed))
+    throw Error(cat("restart: ", report.path, " was written with run%seed = ", state.seed,
+                    ", this run has ", config.run.seed),
+                kExitInput);
   auto attr = [&](const char* k) {
     return report.attributes.count(k) ? report.attributes.at(k) : std::string("?");
   };
@@ -128,11 +206,7 @@ void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer,
       save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
                          owned_state<const T>(trainer), state_holder(config, grid), state, attrs,
                          int(config.checkpoint.keep));
-  char verify[32];
-  std::snprintf(verify, sizeof verify, "%.2f", report.verify_seconds);
-  log::info(cat("checkpoint: step ", step, " -> ", report.path, " (",
-                rate(double(report.file_bytes), report.write_seconds), " written, verified in ",
-                verify, " s)"));
+  log::info(cat("checkpoint: step ", step, " ", saved(report)));
 }
 
 template <class T>
@@ -142,13 +216,10 @@ void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& tr
                                                  {"deck", deck::echo(config)},
                                                  {"grid", grid.shape().str()},
                                                  {"step", std::to_string(config.run.steps)}};
-  const double t0 = wall_seconds();
-  const std::vector<T> whole = trainer.data_parallel().gather_weights();
-  save_weights<T>(path, MPI_COMM_WORLD, {trainer.model().layout()}, {whole.data()},
-                  weights_holder(grid), attrs);
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f", wall_seconds() - t0);
-  log::info(cat("checkpoint: final weights written to ", path, " in ", s, " s"));
+  const auto report = save_owned_weights<T>(path, MPI_COMM_WORLD, {trainer.model().layout()},
+                                            owned_state<const T>(trainer, false),
+                                            state_holder(config, grid), attrs);
+  log::info(cat("checkpoint: final weights ", saved(report)));
 }
 
 #define PTRAIN_TRAINING_INSTANTIATE(T)                                                            \

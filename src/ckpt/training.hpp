@@ -3,6 +3,8 @@
 // the final weights. The driver calls these; the file formats are in weights.hpp and
 // checkpoint.hpp.
 #pragma once
+#include <mpi.h>
+
 #include <cstdint>
 #include <string>
 
@@ -14,6 +16,14 @@ namespace ptrain::ckpt {
 
 // checkpoint%dir, relative to run%out_dir unless absolute.
 std::string checkpoint_dir(const Config& config);
+
+// Before step 1 (collective over comm): run%out_dir and the checkpoint folder can be written,
+// so a mistake there ends the run at once rather than at the first save. Rank 0 creates
+// out_dir, and the checkpoint folder when checkpoint%every > 0 (otherwise it would only be
+// made by a save on a signal: then its nearest existing ancestor must be writable), and
+// writes a probe file in each. Throws Error(..., kExitInput) naming the key and the folder,
+// the same on every rank.
+void check_writable(const Config& config, MPI_Comm comm);
 
 // model%init_from (every rank reads the whole file and keeps its part), else the GPT-2
 // init from run%seed.
@@ -32,7 +42,9 @@ template <class T>
 void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer, std::int64_t step,
           double lr);
 
-// out_dir/final.h5 (checkpoint%save_final).
+// out_dir/final.h5 (checkpoint%save_final), written like a checkpoint from what each rank
+// owns (its ZeRO shard, or the whole chunk): under a temporary name, verified, then renamed,
+// so a failed save leaves a previous final.h5 as it was.
 template <class T>
 void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer);
 

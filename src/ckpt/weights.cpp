@@ -78,7 +78,7 @@ std::map<std::string, Shape> gather_union(MPI_Comm comm, const std::map<std::str
   for (const auto& [name, h] : held)
     if (h.primary) mine.emplace(name, h.spec().global_shape);
   std::string error;
-  const auto names = union_of_shapes(comm, mine, where, error);
+  const auto names = union_of_shapes(comm, mine, error);
   if (error.empty())
     for (const auto& [name, h] : held) {
       auto it = names.find(name);
@@ -91,7 +91,7 @@ std::map<std::string, Shape> gather_union(MPI_Comm comm, const std::map<std::str
         break;
       }
     }
-  agree(comm, error.empty() ? "" : where + error);
+  mpi::agree(comm, error.empty() ? "" : where + error);
   return names;
 }
 
@@ -120,7 +120,7 @@ std::vector<Plan> make_plans(MPI_Comm comm, const std::map<std::string, Shape>& 
     calls.push_back(static_cast<std::int64_t>(p.transfers.size()));
     plans.push_back(std::move(p));
   }
-  max_over_ranks(comm, calls);
+  mpi::max(comm, calls);
   for (std::size_t i = 0; i < plans.size(); ++i) plans[i].calls = calls[i];
   return plans;
 }
@@ -148,7 +148,7 @@ std::string check_against_model(const std::string& path,
 // Reads one dataset's slabs for this rank (elements of the file's type U), accumulates the
 // checksum of what it read when it is the chosen holder, and converts into the staging copy.
 template <class U, class T>
-void read_dataset(const Plan& p, hid_t dset, hid_t dxpl, const std::string& what,
+void read_dataset(MPI_Comm comm, const Plan& p, hid_t dset, hid_t dxpl, const std::string& what,
                   std::vector<std::vector<T>>& staging, std::uint64_t& checksum,
                   std::int64_t& counted) {
   auto filespace = h5::space(H5Dget_space(dset), what);
@@ -156,7 +156,9 @@ void read_dataset(const Plan& p, hid_t dset, hid_t dxpl, const std::string& what
   for_each_transfer(
       p.transfers, p.calls, filespace.get(), what, [&](const Transfer* t, hid_t fsel, hid_t msel) {
         void* ptr = t ? static_cast<void*>(raw.data() + t->offset) : empty_selection_buffer();
-        h5::check(H5Dread(dset, native_type<U>(), msel, fsel, dxpl, ptr), cat(what, ": read"));
+        collective_step(comm, cat(what, ": read"), [&] {
+          h5::check(H5Dread(dset, native_type<U>(), msel, fsel, dxpl, ptr), cat(what, ": read"));
+        });
       });
   if (!p.held) return;
   const TensorSpec& spec = p.held->spec();
@@ -193,16 +195,9 @@ void save_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
   for (const char* reserved : {"format_version", "checksum_algorithm"})
     if (error.empty() && attributes.count(reserved))
       error = cat("the attribute name '", reserved, "' is reserved");
-  agree(comm, error.empty() ? "" : where + error);
+  mpi::agree(comm, error.empty() ? "" : where + error);
   const auto names = gather_union(comm, held, "write", where);
-  {
-    Packer p;
-    for (const auto& [k, v] : attributes) {
-      p.str(k);
-      p.str(v);
-    }
-    require_same_on_all_ranks(comm, p.bytes, where, "the attributes");
-  }
+  require_same_attributes(comm, attributes, where);
   // 2. Checksums and coverage, reduced once for all datasets before anything is written.
   auto plans = make_plans(comm, names, held);
   const std::size_t n = plans.size();
@@ -215,43 +210,30 @@ void save_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
     checksum[i] = boxes_checksum(p.shape, spec->slabs, chunk_data[chunk] + spec->offset);
     written[i] = numel_of(spec->slabs);
   }
-  sum_over_ranks(comm, checksum);
-  sum_over_ranks(comm, written);
+  mpi::sum(comm, checksum);
+  mpi::sum(comm, written);
   for (std::size_t i = 0; i < n; ++i)
     PTRAIN_REQUIRE(written[i] == product(plans[i].shape), where, "the ranks chosen to write ",
                    plans[i].name, " hold ", written[i], " of its ", product(plans[i].shape),
                    " elements (the predicate must choose each element exactly once)");
   // 3. The folder must exist and be writable (checked once, so every rank fails alike).
-  agree(comm, rank_of(comm) == 0 ? folder_problem(path) : std::string());
+  mpi::agree(comm, mpi::rank(comm) == 0 ? folder_problem(path) : std::string());
   // 4. Collective create, attributes, datasets and hyperslab writes.
-  auto file = create_parallel(path, comm, where);
-  write_string_attribute(file.get(), "format_version", kWeightsFormatVersion, path);
-  write_string_attribute(file.get(), "checksum_algorithm", kChecksumAlgorithm, path);
-  for (const auto& [k, v] : attributes) write_string_attribute(file.get(), k, v, path);
-  auto group = h5::group(H5Gcreate2(file.get(), "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                         path + ": /model");
-  auto dxpl = collective_transfer_plist(where + "transfer");
-  for (std::size_t i = 0; i < n; ++i) {
-    const Plan& p = plans[i];
-    const std::string what = cat(path, ": /model/", p.name);
-    auto dset = create_dataset(group.get(), p.name, file_type<T>(), p.shape, what);
-    write_checksum_attribute(dset.get(), checksum[i], what);
-    auto space = h5::space(H5Dget_space(dset.get()), what);
-    // Non-writers still take part in the collective calls, selecting nothing.
-    const bool writes_it = p.held && p.held->primary;
-    const T* base = nullptr;
-    if (writes_it) base = chunk_data[p.held->copies.front().first] + p.held->spec().offset;
-    for_each_transfer(
-        writes_it ? p.transfers : std::vector<Transfer>{}, p.calls, space.get(), what,
-        [&](const Transfer* t, hid_t fsel, hid_t msel) {
-          const void* ptr =
-              t ? static_cast<const void*>(base + t->offset) : empty_selection_buffer();
-          h5::check(H5Dwrite(dset.get(), native_type<T>(), msel, fsel, dxpl.get(), ptr),
-                    what + ": write");
-        });
-  }
-  group.close(path + ": /model");
-  file.close(path);
+  std::int64_t data_bytes = 0;
+  for (const auto& p : plans) data_bytes += product(p.shape) * std::int64_t(sizeof(T));
+  const std::int64_t bytes = estimated_file_bytes(data_bytes, n, attributes);
+  write_new_file(path, comm, bytes, kWeightsFormatVersion, attributes, where, [&](hid_t file) {
+    auto group = create_group(comm, file, "model", path + ": /model");
+    auto dxpl = collective_transfer_plist(where + "transfer");
+    for (std::size_t i = 0; i < n; ++i) {
+      const Plan& p = plans[i];
+      const bool writes_it = p.held && p.held->primary;  // the others select nothing
+      TensorWrite<T> t{p.name, p.shape, checksum[i], writes_it ? &p.transfers : nullptr, p.calls};
+      if (writes_it) t.data = chunk_data[p.held->copies.front().first] + p.held->spec().offset;
+      write_tensor(comm, group.get(), dxpl.get(), t, cat(path, ": /model/", p.name));
+    }
+    close_step(comm, group, path + ": /model");
+  });
 }
 
 template <class T>
@@ -263,7 +245,7 @@ void load_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
   // 1. What this rank needs; every rank learns the union, then what the file holds.
   std::map<std::string, Held> held;
   const std::string error = collect_held(chunks, chunk_data, false, verifies, held);
-  agree(comm, error.empty() ? "" : where + error);
+  mpi::agree(comm, error.empty() ? "" : where + error);
   const auto names = gather_union(comm, held, "verify", where);
   const Catalog catalog =
       shared_catalog(comm, path, {"model"}, [&](const std::map<std::string, std::string>& attrs) {
@@ -296,17 +278,22 @@ void load_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
     for (std::size_t i = 0; i < n; ++i) {
       const Plan& p = plans[i];
       const std::string what = cat(path, ": /model/", p.name);
-      auto dset = h5::dataset(H5Dopen2(group.get(), p.name.c_str(), H5P_DEFAULT), what);
+      h5::Handle dset;
+      collective_step(comm, what + ": open", [&] {
+        dset = h5::dataset(H5Dopen2(group.get(), p.name.c_str(), H5P_DEFAULT), what);
+      });
       if (datasets.at(p.name).elem_bytes == 4)
-        read_dataset<float>(p, dset.get(), dxpl.get(), what, staging, checksum[i], counted[i]);
+        read_dataset<float>(comm, p, dset.get(), dxpl.get(), what, staging, checksum[i],
+                            counted[i]);
       else
-        read_dataset<double>(p, dset.get(), dxpl.get(), what, staging, checksum[i], counted[i]);
+        read_dataset<double>(comm, p, dset.get(), dxpl.get(), what, staging, checksum[i],
+                             counted[i]);
       if (p.held) elements_read += numel_of(p.held->spec().slabs);
     }
   }
   // 3. Verify: the chosen holders' checksums add up to the stored ones (same on every rank).
-  sum_over_ranks(comm, checksum);
-  sum_over_ranks(comm, counted);
+  mpi::sum(comm, checksum);
+  mpi::sum(comm, counted);
   std::string first_bad;
   std::size_t n_bad = 0;
   for (std::size_t i = 0; i < n; ++i) {

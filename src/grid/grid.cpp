@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "util/error.hpp"
+#include "util/mpi.hpp"
 
 namespace ptrain {
 
@@ -51,44 +52,26 @@ void Communicator::reset() {
 
 namespace {
 
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw Error(cat("grid: ", what, " failed: ", std::string(text, static_cast<std::size_t>(len))));
-}
-
-int rank_in(MPI_Comm comm) {
-  int r = 0;
-  check_mpi(MPI_Comm_rank(comm, &r), "MPI_Comm_rank");
-  return r;
-}
-
 // The ranks sharing this rank's node (shared memory), or the block r / n when simulating.
 Communicator split_by_node(MPI_Comm world, const GridShape& shape, int simulated_ranks_per_node) {
-  int size = 0;
-  check_mpi(MPI_Comm_size(world, &size), "MPI_Comm_size");
-  shape.validate(size);  // the same answer on every rank, so every rank throws together
-  const int rank = rank_in(world);
+  shape.validate(mpi::size(world));  // the same answer on every rank, so every rank throws together
+  const int rank = mpi::rank(world);
   MPI_Comm node = MPI_COMM_NULL;
   if (simulated_ranks_per_node > 0)
-    check_mpi(MPI_Comm_split(world, rank / simulated_ranks_per_node, rank, &node), "MPI_Comm_split (node)");
+    mpi::check(MPI_Comm_split(world, rank / simulated_ranks_per_node, rank, &node), "grid: MPI_Comm_split (node)");
   else
-    check_mpi(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
-              "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+    mpi::check(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+               "grid: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
   return Communicator(node);
 }
 
 // Every rank's node index; nodes are numbered in order of their lowest rank.
 std::vector<int> gather_node_map(MPI_Comm world, const Communicator& node) {
-  const int rank = rank_in(world);
+  const int rank = mpi::rank(world);
   int leader = rank;  // lowest world rank on this node
-  check_mpi(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node.get()), "MPI_Allreduce (node leader)");
-  int size = 0;
-  check_mpi(MPI_Comm_size(world, &size), "MPI_Comm_size");
-  std::vector<int> leaders(static_cast<std::size_t>(size));
-  check_mpi(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world), "MPI_Allgather (node map)");
+  mpi::check(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node.get()), "grid: MPI_Allreduce (node leader)");
+  std::vector<int> leaders(static_cast<std::size_t>(mpi::size(world)));
+  mpi::check(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world), "grid: MPI_Allgather (node map)");
   // A leader first appears at its own rank, so numbering on first appearance follows lowest ranks.
   std::map<int, int> id_of_leader;
   std::vector<int> node_of_rank(leaders.size());
@@ -102,7 +85,7 @@ std::vector<int> gather_node_map(MPI_Comm world, const Communicator& node) {
 }  // namespace
 
 Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int simulated_ranks_per_node)
-    : world_rank_(rank_in(world)),
+    : world_rank_(mpi::rank(world)),
       node_comm_(split_by_node(world, shape, simulated_ranks_per_node)),
       layout_(shape, gather_node_map(world, node_comm_)),
       coords_(layout_.coords(world_rank_)) {
@@ -119,10 +102,10 @@ Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int sim
     periods[k] = a == Axis::c ? 1 : 0;
   }
   MPI_Comm cart = MPI_COMM_NULL;
-  check_mpi(MPI_Cart_create(world, kNumAxes, dims, periods, 0, &cart), "MPI_Cart_create");
+  mpi::check(MPI_Cart_create(world, kNumAxes, dims, periods, 0, &cart), "grid: MPI_Cart_create");
   cart_ = Communicator(cart);
-  PTRAIN_REQUIRE(rank_in(cart) == world_rank_, "grid: MPI_Cart_create renumbered rank ", world_rank_,
-                 " to ", rank_in(cart), " despite reorder = 0");
+  PTRAIN_REQUIRE(mpi::rank(cart) == world_rank_, "grid: MPI_Cart_create renumbered rank ", world_rank_,
+                 " to ", mpi::rank(cart), " despite reorder = 0");
 
   for (int g = 0; g < kNumGroupKinds; ++g) {
     const GroupKind kind = static_cast<GroupKind>(g);
@@ -132,13 +115,13 @@ Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int sim
       Coords first = coords_;
       first[static_cast<int>(Axis::p)] = 0;
       const int color = layout_.in_group(kind, world_rank_) ? layout_.rank(first) : MPI_UNDEFINED;
-      check_mpi(MPI_Comm_split(cart, color, coord(Axis::p), &sub), "MPI_Comm_split (embed)");
+      mpi::check(MPI_Comm_split(cart, color, coord(Axis::p), &sub), "grid: MPI_Comm_split (embed)");
     } else {
       const std::vector<Axis> axes = group_axes(kind);
       int remain[kNumAxes];
       for (int k = 0; k < kNumAxes; ++k)
         remain[k] = std::find(axes.begin(), axes.end(), shape.order[kNumAxes - 1 - k]) != axes.end();
-      check_mpi(MPI_Cart_sub(cart, remain, &sub), "MPI_Cart_sub");
+      mpi::check(MPI_Cart_sub(cart, remain, &sub), "grid: MPI_Cart_sub");
     }
     groups_[static_cast<std::size_t>(g)] = Communicator(sub);
   }

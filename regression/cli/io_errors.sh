@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# A full file system under a 2-rank run (issue 11, defects 2 and 7): a checkpoint write and a
+# final.h5 write that do not fit end the run within 30 s with one error (the same on every
+# rank, naming the file, the operation and the OS reason) instead of hanging; the previous
+# checkpoint and `latest`, and the previous final.h5, are left whole and nothing half-written
+# stays behind. Needs a small tmpfs: skipped where this process may not mount one.
+set -euo pipefail
+: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}" "${MPIEXEC:=mpirun}"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+tmp=$(mktemp -d)
+disk="$tmp/disk"
+mkdir "$disk"
+trap 'umount -l "$disk" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+if ! mount -t tmpfs -o size=2m tmpfs "$disk" 2>/dev/null; then
+  echo "io_errors: skipped (mounting a tmpfs needs root)"
+  exit 0
+fi
+deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
+
+# run NAME [--set ...]: 2 ranks writing into $disk/NAME, 30 s at most; sets $rc.
+run() {
+  local name=$1; shift
+  set +e
+  timeout 30 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$deck" --set run%steps=4 \
+    --set train%micro_batch=8 --set run%eval_every=0 --set run%out_dir="'$disk/$name'" "$@" \
+    >"$tmp/$name.log" 2>&1
+  rc=$?
+  set -e
+  [ "$rc" != 124 ] || fail "$name: still running after 30 s (hung?)"
+}
+# The distinct error messages of a log (without rank prefixes): exactly one, matching $2.
+one_error() {
+  local errors
+  errors=$(grep -E '(^|\] )error: ' "$tmp/$1.log" | sed 's/^\[rank [0-9]*\] //' | sort -u)
+  [ "$(grep -c . <<<"$errors")" = 1 ] || fail "$1: not one error message: $errors"
+  grep -qE "$2" <<<"$errors" || fail "$1: the error does not say '$2': $errors"
+}
+
+# 1. A checkpoint every 2 steps: the first (1.3 MB) fits, the second does not.
+run ck --set checkpoint%every=2
+[ "$rc" != 0 ] || fail "ck: a checkpoint that cannot fit was accepted"
+one_error ck "ckpt_00000004\.h5\.tmp: .*No space left on device"
+ck="$disk/ck/checkpoints"
+[ "$(cat "$ck/latest")" = ckpt_00000002.h5 ] || fail "latest changed: $(cat "$ck/latest")"
+[ "$(ls -A "$ck" | tr '\n' ' ')" = "ckpt_00000002.h5 latest " ] || fail "left behind: $(ls -A "$ck")"
+"$PTRAIN" "$deck" --set run%steps=2 --set train%micro_batch=8 --set run%out_dir="'$tmp/re'" \
+  --set checkpoint%restart="'$ck/ckpt_00000002.h5'" >"$tmp/re.log" 2>&1 \
+  || fail "the kept checkpoint does not restart: $(tail -2 "$tmp/re.log")"
+grep -q "at step 2 " "$tmp/re.log" || fail "restart did not resume at step 2"
+rm -rf "$disk/ck"
+
+# 2. final.h5: written once, then a second run cannot fit a new one next to it.
+run fin --set checkpoint%save_final=.true.
+[ "$rc" = 0 ] || fail "fin: $(grep error "$tmp/fin.log" | head -2)"
+cp "$disk/fin/final.h5" "$tmp/final.h5"
+head -c 1300000 /dev/zero >"$disk/filler" 2>/dev/null || true
+run fin --set checkpoint%save_final=.true. --set run%seed=7
+[ "$rc" != 0 ] || fail "fin: a final.h5 that cannot fit was accepted"
+one_error fin "final\.h5\.tmp: .*No space left on device"
+cmp -s "$disk/fin/final.h5" "$tmp/final.h5" || fail "the previous final.h5 was changed"
+! ls -A "$disk/fin" | grep -q '\.tmp' || fail "left behind: $(ls -A "$disk/fin")"
+echo "io_errors: all checks passed"
