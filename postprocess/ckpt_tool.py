@@ -8,6 +8,10 @@
                                          state.<name>) to a NumPy .npz, checksums verified
   ckpt_tool.py verify FILE               recompute every dataset's checksum; exit 1 on any
                                          mismatch or missing checksum
+export and verify first check that the file is whole: every tensor of the model its deck
+attribute describes (or, without one, of the layers its names show), for a checkpoint also
+both AdamW moments of each (when the deck's optimizer has them) and the /state scalars; a
+file that is not, or that cannot be read, is one error line and exit 1.
 
 The checksum (src/ckpt/weights.hpp): for a dataset x with global row-major indices i,
   sum_i mix64(mix64(i + 0x9e3779b97f4a7c15) ^ bits(x_i))   (mod 2^64)
@@ -16,10 +20,19 @@ A scalar /state dataset is one element with i = 0.
 """
 import argparse
 import os
+import re
+import signal
 import sys
 
 import h5py
 import numpy as np
+
+# The tensors of the GPT-2 model (README, "Tensor names"): once, and per block h.<i>.
+TOP_TENSORS = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+BLOCK_TENSORS = ["ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias",
+                 "attn.proj.weight", "attn.proj.bias", "ln_2.weight", "ln_2.bias",
+                 "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"]
+STATE = ["step", "consumed_samples", "optimizer_t", "seed", "lr"]  # a checkpoint's /state
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 BLOCK = 1 << 24  # elements hashed at a time (bounds the memory of big tensors)
@@ -78,6 +91,41 @@ def open_file(path):
         sys.exit(f"{path}: not a ptrain checkpoint or weights file "
                  f"(format_version {version or 'missing'})")
     return f
+
+
+def deck_value(deck, group, key):
+    """The value text of group%key in the resolved deck ptrain stores (its echo), or None."""
+    block = re.search(rf"^&{group}\b(.*?)^/", deck, re.M | re.S | re.I)
+    value = block and re.search(rf"^\s*{key}\s*=\s*([^!\n]*)", block.group(1), re.M | re.I)
+    return value.group(1).strip().strip("'\"").lower() if value else None
+
+
+def missing_datasets(f):
+    """The datasets a whole file of its kind would have and this one lacks."""
+    deck = text(f.attrs.get("deck", b""))
+    model = set(f["model"]) if isinstance(f.get("model"), h5py.Group) else set()
+    n_layer = deck_value(deck, "model", "n_layer")
+    if n_layer is not None and n_layer.isdigit():
+        layers = int(n_layer)
+    else:
+        blocks = [int(m.group(1)) for m in map(re.compile(r"h\.(\d+)\.").match, model) if m]
+        layers = max(blocks, default=-1) + 1
+    names = TOP_TENSORS + [f"h.{i}.{t}" for i in range(layers) for t in BLOCK_TENSORS]
+    missing = [f"/model/{n}" for n in names if n not in model]
+    if text(f.attrs.get("format_version", b"")) == "2":
+        optimizer = deck_value(deck, "train", "optimizer")
+        if optimizer == "adamw" or (optimizer is None and "optim" in f):
+            missing += [f"/optim/{g}/{n}" for g in ("m", "v") for n in names
+                        if f"optim/{g}/{n}" not in f]
+        missing += [f"/state/{n}" for n in STATE if f"state/{n}" not in f]
+    return missing
+
+
+def require_whole(f, path):
+    missing = missing_datasets(f)
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        sys.exit(f"{path}: incomplete: {len(missing)} datasets missing: {shown}")
 
 
 def state_of(f):
@@ -142,6 +190,7 @@ def verify_file(f, paths=None):
 
 def cmd_verify(args):
     with open_file(args.file) as f:
+        require_whole(f, args.file)
         n = len(datasets(f))
         problems = verify_file(f)
     for p in problems:
@@ -155,6 +204,7 @@ def cmd_verify(args):
 
 def cmd_export(args):
     with open_file(args.file) as f:
+        require_whole(f, args.file)
         out, paths = {}, []
         for path, d in datasets(f):
             group, _, name = path[1:].partition("/")
@@ -194,11 +244,39 @@ def main():
     p.add_argument("file")
     p.set_defaults(run=cmd_verify)
     args = parser.parse_args()
+    if not hasattr(os, "fork"):
+        return run(args)
+    # libhdf5 itself may crash on a damaged file: run the command in a child process, so that
+    # is one error line too.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = run(args)
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sys.exit(f"{args.file}: cannot read: libhdf5 failed on it "
+                 f"({signal.Signals(os.WTERMSIG(status)).name}); the file is damaged")
+    return os.WEXITSTATUS(status)
+
+
+def run(args):
     try:
         return args.run(args) or 0
     except BrokenPipeError:  # output piped into head: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as e:
+        # A damaged file (cut short while written, overwritten) fails deep inside h5py.
+        sys.exit(f"{args.file}: cannot read: {' '.join(str(e).split())}")
 
 
 if __name__ == "__main__":

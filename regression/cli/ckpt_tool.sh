@@ -17,7 +17,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 [ -x "$TOOL" ] || fail "$TOOL is not executable"
 
-# 1. A checkpoint: two tensors in /model, /optim/m, /optim/v, five /state scalars.
+# 1. A checkpoint of a one-block model: its 16 tensors in /model, /optim/m and /optim/v
+#    (wte and h.0.mlp.fc.weight with 2-d and 3-d shapes), five /state scalars.
 "$PY" - <<'EOF'
 import struct
 import h5py
@@ -39,6 +40,12 @@ def checksum(values, fmt):  # values in row-major order, fmt: struct code of the
 
 tensors = {"wte.weight": np.arange(15, dtype=np.float32).reshape(5, 3) / 8,
            "h.0.mlp.fc.weight": (np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7) / 4}
+# The rest of a one-block model, so the file is whole.
+for name in ["wpe.weight", "ln_f.weight", "ln_f.bias"] + ["h.0." + t for t in (
+        "ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+        "attn.proj.bias", "ln_2.weight", "ln_2.bias", "mlp.fc.bias", "mlp.proj.weight",
+        "mlp.proj.bias")]:
+    tensors[name] = np.array([len(name), -1.5], dtype=np.float32)
 with h5py.File("ckpt_00000042.h5", "w") as f:
     for k, v in {"format_version": "2", "grid": "tp2 pp1 dp2", "zero": "1", "date":
                  "2024-01-02T03:04:05Z", "ptrain_version": "0.1.0",
@@ -62,7 +69,7 @@ EOF
 for want in "2 (training checkpoint)" "tp2 pp1 dp2" "state.step              42" \
             "state.seed              18364758544493064720" "state.consumed_samples  1344" \
             "/model/wte.weight" "/optim/v/h.0.mlp.fc.weight" "(2, 3, 4)" "float32" \
-            "6 datasets, 39 parameters"; do
+            "48 datasets, 67 parameters"; do
   grep -qF -- "$want" list.txt || fail "list lacks '$want':
 $(cat list.txt)"
 done
@@ -71,7 +78,7 @@ grep -q "steps = 42" deck.txt || fail "list --deck: $(cat deck.txt)"
 
 # 3. verify
 "$TOOL" verify ckpt_00000042.h5 >verify.txt 2>&1 || fail "verify: $(cat verify.txt)"
-grep -q "all 11 checksums OK" verify.txt || fail "verify: $(cat verify.txt)"
+grep -q "all 53 checksums OK" verify.txt || fail "verify: $(cat verify.txt)"
 
 # 4. export, with and without the optimizer state
 "$TOOL" export ckpt_00000042.h5 model.npz >/dev/null || fail "export"
@@ -79,7 +86,7 @@ grep -q "all 11 checksums OK" verify.txt || fail "verify: $(cat verify.txt)"
 "$PY" - <<'EOF' || fail "exported arrays"
 import numpy as np
 m = np.load("model.npz")
-assert sorted(m.files) == ["h.0.mlp.fc.weight", "wte.weight"], m.files
+assert len(m.files) == 16 and "h.0.mlp.fc.weight" in m.files and "wte.weight" in m.files, m.files
 assert (m["wte.weight"] == np.arange(15, dtype=np.float32).reshape(5, 3) / 8).all()
 assert m["h.0.mlp.fc.weight"].shape == (2, 3, 4) and m["h.0.mlp.fc.weight"].dtype == np.float32
 a = np.load("all.npz")
@@ -100,11 +107,72 @@ set +e
 set -e
 [ "$rc" != 0 ] || fail "verify passed a corrupted file"
 grep -q "/optim/m/h.0.mlp.fc.weight: checksum mismatch" bad.txt || fail "verify: $(cat bad.txt)"
-grep -q "1 of 11 datasets FAILED" bad.txt || fail "verify: $(cat bad.txt)"
+grep -q "1 of 53 datasets FAILED" bad.txt || fail "verify: $(cat bad.txt)"
 if "$TOOL" export bad.h5 bad.npz --optim >/dev/null 2>&1; then fail "export took a corrupted file"; fi
 [ ! -e bad.npz ] || fail "export wrote bad.npz"
 
 # 6. Not a checkpoint.
 echo "plain text" >text.h5
 if "$TOOL" verify text.h5 >/dev/null 2>&1; then fail "verify passed a text file"; fi
+
+# 7. Incomplete files: verify and export each fail with one line naming what is missing.
+#    refuse FILE WANT: both commands exit non-zero, print one line containing WANT, no
+#    traceback, and export writes nothing.
+tool() {  # tool verify|export FILE: its output in out.txt, its exit code in rc
+  set +e
+  if [ "$1" = export ]; then "$TOOL" export "$2" out.npz; else "$TOOL" "$1" "$2"; fi >out.txt 2>&1
+  rc=$?
+  set -e
+}
+refuse() {
+  for cmd in verify export; do
+    tool $cmd "$1"
+    [ "$rc" != 0 ] || fail "$cmd passed $1: $(cat out.txt)"
+    [ "$(wc -l <out.txt)" = 1 ] || fail "$cmd $1: not one line: $(cat out.txt)"
+    grep -qF -- "$2" out.txt || fail "$cmd $1: expected '$2', got: $(cat out.txt)"
+    [ ! -e out.npz ] || fail "$cmd $1 wrote out.npz"
+  done
+}
+edit() {  # edit COPY PYTHON: a copy of the checkpoint changed by PYTHON (h5py file f)
+  cp ckpt_00000042.h5 "$1"
+  "$PY" -c "import h5py, numpy as np
+with h5py.File('$1', 'r+') as f: $2"
+}
+edit no_wpe.h5 'del f["model/wpe.weight"]'
+refuse no_wpe.h5 "no_wpe.h5: incomplete: 1 datasets missing: /model/wpe.weight"
+edit no_moment.h5 'del f["optim/v/h.0.ln_2.bias"]'
+refuse no_moment.h5 "incomplete: 1 datasets missing: /optim/v/h.0.ln_2.bias"
+edit no_state.h5 'del f["state"]'
+refuse no_state.h5 "incomplete: 5 datasets missing: /state/step, /state/consumed_samples, /state/optimizer_t, /state/seed and 1 more"
+edit two_layers.h5 'f.attrs["deck"] = np.bytes_("&model\n    n_layer = 2   ! two blocks\n/\n&train\n    optimizer = \"adamw\"\n/\n")'
+refuse two_layers.h5 "incomplete: 36 datasets missing: /model/h.1.ln_1.weight"
+edit sgd.h5 'del f["optim"]; f.attrs["deck"] = np.bytes_("&train\n    optimizer = '"'"'sgd'"'"'\n/\n")'
+"$TOOL" verify sgd.h5 >out.txt 2>&1 || fail "verify of an SGD checkpoint (no moments): $(cat out.txt)"
+
+# 8. Damaged files: cut short, or zeros past a point (a write that stopped), or written by a
+#    process that was killed before closing it: one line and a non-zero exit, never a traceback.
+size=$(stat -c %s ckpt_00000042.h5)
+for keep in 100 2000 $((size / 2)) $((size - 1)); do
+  head -c "$keep" ckpt_00000042.h5 >cut.h5
+  refuse cut.h5 "cut.h5: cannot"
+done
+for keep in 100 2000; do
+  { head -c "$keep" ckpt_00000042.h5; head -c $((size - keep)) /dev/zero; } >zeros.h5
+  refuse zeros.h5 "zeros.h5: "
+done
+"$PY" -c '
+import os, h5py, numpy as np
+f = h5py.File("killed.h5", "w")
+f.attrs["format_version"] = np.bytes_("1")
+for i in range(50):
+    f.create_dataset(f"model/t{i}", data=np.arange(1000, dtype=np.float32))
+f.flush()
+f.create_dataset("model/wte.weight", data=np.zeros((300, 300), np.float32))
+os._exit(0)
+'
+for cmd in verify export; do
+  tool $cmd killed.h5
+  [ "$rc" != 0 ] || fail "$cmd passed killed.h5"
+  [ "$(wc -l <out.txt)" = 1 ] || fail "$cmd killed.h5: not one line: $(cat out.txt)"
+done
 echo "ckpt_tool: list, export, verify OK"

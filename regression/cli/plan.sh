@@ -1,12 +1,8 @@
 #!/usr/bin/env bash
 # ptrain --plan: the GPT-2 124M parameter count, login-node planning for a large world,
 # and one-line input errors with exit code 2 on every rank without a hang.
-set -euo pipefail
-: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}" "${MPIEXEC:=mpirun}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 deck="$PTRAIN_SOURCE_DIR/input/gpt2-124m.nml"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-launch() { "$MPIEXEC" $MPIEXEC_PREFLAGS -np "$@"; }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 out=$("$PTRAIN" --plan "$deck" --world 1)
 grep -q "parameters: 124,439,808 " <<<"$out" || fail "124M count: $out"
@@ -42,4 +38,28 @@ timeout 60 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" --plan "$tmp/missing.nml
 set -e
 [ "$rc" = 2 ] || fail "missing deck: exit $rc"
 grep -q "missing.nml" "$tmp/err" || fail "missing-file message: $(cat "$tmp/err")"
+# Sizes the run could not use (32-bit indexing in the kernels and MPI counts, an empty
+# out_dir, beta at 1): refused before any planning, one line with the rule, exit 2.
+tiny="$PTRAIN_SOURCE_DIR/input/tiny.nml"
+refuse() {  # refuse --set-ARG EXPECTED-MESSAGE-PART
+  set +e
+  "$PTRAIN" --plan "$tiny" --world 1 --set "$1" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  set -e
+  [ "$rc" = 2 ] || fail "--set $1: exit $rc, expected 2: $(cat "$tmp/err")"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "--set $1: not one line: $(cat "$tmp/err")"
+  grep -qF -- "$2" "$tmp/err" || fail "--set $1: expected '$2', got: $(cat "$tmp/err")"
+  if grep -q -- "-[0-9]" "$tmp/out"; then fail "--set $1: negative numbers in the plan"; fi
+}
+refuse model%vocab=2147483648 "model%vocab = 2147483648 exceeds 2147483647"
+refuse model%seq_len=1000000000 "activation elements of one micro-batch exceed 2147483647"
+refuse model%d_model=65536 "elements of one weight matrix exceed 2147483647"
+refuse train%global_batch=4294967296 "tokens per step exceed 2147483647"
+refuse data%val_samples=9223372036854775807 "data%val_samples*model%seq_len overflows a 64-bit integer"
+refuse run%out_dir= "run%out_dir = '' is empty"
+refuse train%beta1=1.0 "train%beta1 = 1.0 is out of range: must be in [0.0, 1.0)"
+# The largest model the rules allow still plans with positive sizes.
+out=$("$PTRAIN" --plan "$tiny" --world 1 --set model%n_layer=100000 --set model%d_model=16384 \
+  --set model%n_head=16 --set train%micro_batch=1 --set train%global_batch=1 --set model%seq_len=1)
+grep -q "parameters: 322,143,847,497,728 " <<<"$out" || fail "huge plan: $out"
+if grep -q -- " -[0-9]" <<<"$out"; then fail "negative numbers in the huge plan: $out"; fi
 echo "plan: all checks passed"

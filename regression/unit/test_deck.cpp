@@ -46,6 +46,11 @@ std::string set_error(const std::vector<std::string>& overrides) {
 
 bool bits_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+// parallel%order after reading "&parallel <items> /".
+std::vector<std::string> order_of(const std::string& items) {
+  return deck::parse_text("&parallel " + items + " /", "a.nml").parallel.order;
+}
+
 
 std::string bcast_string(std::string s) {
   long long n = static_cast<long long>(s.size());
@@ -189,22 +194,19 @@ TEST(DeckGrammar, Strings) {
 }
 
 TEST(DeckGrammar, ArraysIndicesRepeatsAndNulls) {
-  auto order = [](const std::string& items) {
-    return deck::parse_text("&parallel " + items + " /", "a.nml").parallel.order;
-  };
   using V = std::vector<std::string>;
-  EXPECT_EQ(order("order = 'p', 'd', 'e', 'c', 't'"), (V{"p", "d", "e", "c", "t"}));
-  EXPECT_EQ(order("order = 'p' 'd'\n 'e'\n 'c' 't'"), (V{"p", "d", "e", "c", "t"}));
-  EXPECT_EQ(order("order(2) = 'd'"), (V{"t", "d", "e", "d", "p"}));
-  EXPECT_EQ(order("order(4) = 'c', 'c'"), (V{"t", "c", "e", "c", "c"}));
-  EXPECT_EQ(order("order = 2*'d', 'c'"), (V{"d", "d", "c", "d", "p"}));
-  EXPECT_EQ(order("order = 5*'e'"), (V{"e", "e", "e", "e", "e"}));
-  EXPECT_EQ(order("order = , 'p'"), (V{"t", "p", "e", "d", "p"}));
-  EXPECT_EQ(order("order = 'p', , , 't'"), (V{"p", "c", "e", "t", "p"}));
-  EXPECT_EQ(order("order = 2*, 'c', 't',"), (V{"t", "c", "c", "t", "p"}));
-  EXPECT_EQ(order("order = 'p',,,,,,,"), (V{"p", "c", "e", "d", "p"}));  // trailing nulls
-  EXPECT_EQ(order("order(1) = 'd', order(5) = 't'"), (V{"d", "c", "e", "d", "t"}));
-  EXPECT_EQ(order("order ( 3 ) = 'p'"), (V{"t", "c", "p", "d", "p"}));
+  EXPECT_EQ(order_of("order = 'p', 'd', 'e', 'c', 't'"), (V{"p", "d", "e", "c", "t"}));
+  EXPECT_EQ(order_of("order = 'p' 'd'\n 'e'\n 'c' 't'"), (V{"p", "d", "e", "c", "t"}));
+  EXPECT_EQ(order_of("order(2) = 'd'"), (V{"t", "d", "e", "d", "p"}));
+  EXPECT_EQ(order_of("order(4) = 'c', 'c'"), (V{"t", "c", "e", "c", "c"}));
+  EXPECT_EQ(order_of("order = 2*'d', 'c'"), (V{"d", "d", "c", "d", "p"}));
+  EXPECT_EQ(order_of("order = 5*'e'"), (V{"e", "e", "e", "e", "e"}));
+  EXPECT_EQ(order_of("order = , 'p'"), (V{"t", "p", "e", "d", "p"}));
+  EXPECT_EQ(order_of("order = 'p', , , 't'"), (V{"p", "c", "e", "t", "p"}));
+  EXPECT_EQ(order_of("order = 2*, 'c', 't',"), (V{"t", "c", "c", "t", "p"}));
+  EXPECT_EQ(order_of("order = 'p',,,,,,"), (V{"p", "c", "e", "d", "p"}));  // trailing nulls, one past the end
+  EXPECT_EQ(order_of("order(1) = 'd', order(5) = 't'"), (V{"d", "c", "e", "d", "t"}));
+  EXPECT_EQ(order_of("order( 3 ) = 'p'"), (V{"t", "c", "p", "d", "p"}));
   // Repeat counts on numbers; a null scalar leaves the default.
   Config c = deck::parse_text("&model n_layer = 1*6, d_model = , n_head=2 /", "r.nml");
   EXPECT_EQ(c.model.n_layer, 6);
@@ -226,6 +228,81 @@ TEST(DeckGrammar, ItemSeparatorsAndTerminators) {
   EXPECT_TRUE(deck::same_values(a, b));
   EXPECT_TRUE(deck::same_values(a, c));
   EXPECT_TRUE(deck::same_values(a, d));
+}
+
+// The cases below were found by reading decks with gfortran (test_deck_fortran checks them
+// against gfortran itself); these check the values and messages without it.
+
+TEST(DeckGrammar, StringContinuedOnTheNextLine) {
+  // A quoted string may go on over line ends; gfortran drops the line end (and a CR) and
+  // keeps the next line's blanks.
+  Config c = deck::parse_text(
+      "&run name = 'abc\ndef', out_dir = \"x\r\n  y\" /\n"
+      "&parallel order = 'p', 'd\n' /\n&model init_from = 'it''\n''s' /\n",
+      "s.nml");
+  EXPECT_EQ(c.run.name, "abcdef");
+  EXPECT_EQ(c.run.out_dir, "x  y");
+  EXPECT_EQ(c.parallel.order, (std::vector<std::string>{"p", "d", "e", "d", "p"}));
+  EXPECT_EQ(c.model.init_from, "it''s");
+}
+
+TEST(DeckGrammar, RealsWithoutExponentLetter) {
+  // Fortran's 1.5-3 is 1.5e-3: a sign after the digits starts the exponent; q is
+  // gfortran's exponent letter for quad precision.
+  Config c = deck::parse_text(
+      "&train lr = 1.5-3, min_lr = 1.5+3, eps = 15-3, clip = .5+1, weight_decay = 2q-1,"
+      " beta1 = 1*5.-1 /",
+      "r.nml");
+  EXPECT_TRUE(bits_equal(c.train.lr, 1.5e-3));
+  EXPECT_TRUE(bits_equal(c.train.min_lr, 1.5e3));
+  EXPECT_TRUE(bits_equal(c.train.eps, 15e-3));
+  EXPECT_TRUE(bits_equal(c.train.clip, 5.0));
+  EXPECT_TRUE(bits_equal(c.train.weight_decay, 0.2));
+  EXPECT_TRUE(bits_equal(c.train.beta1, 0.5));
+}
+
+TEST(DeckGrammar, DollarGroups) {
+  // gfortran reads $name ... $end groups, and &end may be longer ("&endrun").
+  Config c = deck::parse_text(
+      "$run steps = 5 $end\n$MODEL n_layer = 2 /\n&train lr = 1e-3 $END\n&data val_samples = 3 &endgroup\n",
+      "d.nml");
+  EXPECT_EQ(c.run.steps, 5);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_TRUE(bits_equal(c.train.lr, 1e-3));
+  EXPECT_EQ(c.data.val_samples, 3);
+}
+
+TEST(DeckGrammar, ArraySections) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(order_of("order(2:3) = 'd', 'd'"), (V{"t", "d", "d", "d", "p"}));
+  EXPECT_EQ(order_of("order(2:3) = 'd'"), (V{"t", "d", "e", "d", "p"}));
+  EXPECT_EQ(order_of("order(:) = 'p', 'p'"), (V{"p", "p", "e", "d", "p"}));
+  EXPECT_EQ(order_of("order(4:) = 'c', 'c'"), (V{"t", "c", "e", "c", "c"}));
+  EXPECT_EQ(order_of("order(:2) = 'p', 'p'"), (V{"p", "p", "e", "d", "p"}));
+  EXPECT_EQ(order_of("order(1:5:2) = 'd', 'd', 't'"), (V{"d", "c", "d", "d", "t"}));
+  EXPECT_EQ(order_of("order(5:1:-1) = 't', 't'"), (V{"t", "c", "e", "t", "t"}));
+  EXPECT_EQ(order_of("order( +2 ) = 'p'"), (V{"t", "p", "e", "d", "p"}));
+}
+
+TEST(DeckGrammar, NullsCommentsAndSeparators) {
+  // A null may follow the last element once (the comma before the next name);
+  // a comment on a line of its own is no null; ';' separates like ','.
+  Config a = deck::parse_text("&run steps = ,, seed = 5 /\n&parallel order = 't', 4*, /", "n.nml");
+  EXPECT_EQ(a.run.steps, 100);
+  EXPECT_EQ(a.run.seed, 5);
+  EXPECT_EQ(a.parallel.order, deck::defaults().parallel.order);
+  Config b = deck::parse_text("&run steps = ! c\n seed = 5 /\n&parallel order = 'p' ! c\n 'd' /", "n.nml");
+  EXPECT_EQ(b.run.steps, 100);
+  EXPECT_EQ(b.run.seed, 5);
+  EXPECT_EQ(b.parallel.order, (std::vector<std::string>{"p", "d", "e", "d", "p"}));
+  Config c = deck::parse_text("&run steps =\n ! c\n 5, log_every = 1*\n,\n seed = 2 /", "n.nml");
+  EXPECT_EQ(c.run.steps, 5);
+  EXPECT_EQ(c.run.log_every, 10);
+  EXPECT_EQ(c.run.seed, 2);
+  Config d = deck::parse_text("&run steps = 5; seed = 3 /\n&parallel order = 'p';; 'd' /", "n.nml");
+  EXPECT_EQ(d.run.steps, 5);
+  EXPECT_EQ(d.run.seed, 3);
+  EXPECT_EQ(d.parallel.order, (std::vector<std::string>{"p", "c", "d", "d", "p"}));
 }
 
 TEST(DeckGrammar, MissingFile) {
@@ -253,8 +330,15 @@ TEST(DeckErrors, MalformedDecks) {
       {"&model n_layer = '4' /", "deck.nml:1:18: expected an integer for model%n_layer, got the string '4'"},
       {"&run seed = 99999999999999999999 /",
        "deck.nml:1:13: expected an integer for run%seed, got '99999999999999999999' (beyond the 64-bit range)"},
-      {"&train\n lr = 1.0q-3\n/", "deck.nml:2:7: expected a real number for train%lr, got '1.0q-3'"},
-      {"&train lr = 1e999 /", "deck.nml:1:13: expected a real number for train%lr, got '1e999'"},
+      {"&train\n lr = 1.0x-3\n/", "deck.nml:2:7: expected a real number for train%lr, got '1.0x-3'"},
+      {"&train lr = 1e999 /",
+       "deck.nml:1:13: expected a real number for train%lr, got '1e999' (beyond the range of a double)"},
+      {"&train lr = -Infinity /",
+       "deck.nml:1:13: expected a real number for train%lr, got '-Infinity' (infinities and NaNs are not allowed)"},
+      {"&train lr = 1.5e /", "deck.nml:1:13: expected a real number for train%lr, got '1.5e'"},
+      {"&train lr = 1.5-3.0 /", "deck.nml:1:13: expected a real number for train%lr, got '1.5-3.0'"},
+      {"&run steps = 15-3 /", "deck.nml:1:14: expected an integer for run%steps, got '15-3'"},
+      {"&run trace = .x /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '.x'"},
       {"&run trace = yes /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got 'yes'"},
       {"&run trace = 1 /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '1'"},
       {"&model dtype = fp64 /",
@@ -277,8 +361,9 @@ TEST(DeckErrors, MalformedDecks) {
       {"&run\n\tname = 'x'\n\tname = 'y'\n/", "deck.nml:3:2: duplicate key run%name (first set at line 2)"},
       {"&run /\n&model /\n&run steps = 1 /", "deck.nml:3:1: duplicate group &run (first at line 1)"},
       // strings and groups that do not end
-      {"&run\n name = 'abc\n/", "deck.nml:2:9: unterminated string (a string must end on the line it starts)"},
-      {"&run name = \"abc", "deck.nml:1:13: unterminated string (a string must end on the line it starts)"},
+      {"&run\n name = 'abc\n/", "deck.nml:2:9: unterminated string (no closing quote)"},
+      {"&run name = \"abc", "deck.nml:1:13: unterminated string (no closing quote)"},
+      {"&run name = 'a'x /", "deck.nml:1:16: expected ',' or a blank after the string 'a', got 'x'"},
       {"&run\n steps = 5\n", "deck.nml:1:1: unterminated group &run (the file ends before its closing '/')"},
       {"\n\n  &model n_layer = 2", "deck.nml:3:3: unterminated group &model (the file ends before its closing '/')"},
       {"&run steps = 5\n&model n_layer = 2 /", "deck.nml:2:1: &run is not closed before '&model' (missing '/')"},
@@ -286,11 +371,33 @@ TEST(DeckErrors, MalformedDecks) {
       {"& run /", "deck.nml:1:1: expected a group name after '&'"},
       // array indices and value counts
       {"&parallel order(6) = 'p' /",
-       "deck.nml:1:17: bad array index (6) for parallel%order: expected an integer in 1..5"},
+       "deck.nml:1:17: bad array index (6) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
       {"&parallel order(0) = 'p' /",
-       "deck.nml:1:17: bad array index (0) for parallel%order: expected an integer in 1..5"},
-      {"&parallel order(1:2) = 'p' /",
-       "deck.nml:1:17: bad array index (1:2) for parallel%order: expected an integer in 1..5"},
+       "deck.nml:1:17: bad array index (0) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
+      {"&parallel order(3:2) = 'p' /",
+       "deck.nml:1:17: bad array index (3:2) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
+      {"&parallel order(::2) = 'p' /",
+       "deck.nml:1:17: bad array index (::2) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
+      {"&parallel order(2 3) = 'p' /",
+       "deck.nml:1:17: bad array index (2 3) for parallel%order: a blank separates two numbers (gfortran would "
+       "read a section; write lo:hi)"},
+      {"&parallel order(1:2) = 'p', 'p', 'p' /",
+       "deck.nml:1:34: too many values for parallel%order(1:2) (the section has 2 elements)"},
+      // what gfortran rejects: a blank before the index, nulls beyond the size, a comment
+      // where the value should be, a comment glued to a name
+      {"&parallel order (1) = 'c' /",
+       "deck.nml:1:17: expected '=' after 'order' (an array index follows the name without a blank)"},
+      {"&run steps = 2* /", "deck.nml:1:14: too many values for run%steps (it is a scalar)"},
+      {"&parallel order = 't', 5* /", "deck.nml:1:24: too many values for parallel%order (it has 5 elements)"},
+      {"&run steps = ,,, /", "deck.nml:1:16: too many values for run%steps (it is a scalar)"},
+      {"&parallel order = 'p',,,,,,, /", "deck.nml:1:28: too many values for parallel%order (it has 5 elements)"},
+      {"&run steps = ! the steps\n 5 /",
+       "deck.nml:2:2: a comment right after '=' or ',' ends the values of run%steps (gfortran reads no value "
+       "after it): move the comment after the value"},
+      {"&parallel order = 'p', ! c\n 'd' /",
+       "deck.nml:2:2: a comment right after '=' or ',' ends the values of parallel%order (gfortran reads no "
+       "value after it): move the comment after the value"},
+      {"&run steps! c\n = 5 /", "deck.nml:1:13: expected '=' after 'steps'"},
       {"&parallel tp(1) = 2 /", "deck.nml:1:13: parallel%tp is a scalar and takes no array index"},
       {"&parallel order = 't','c','e','d','p','t' /",
        "deck.nml:1:39: too many values for parallel%order (it has 5 elements)"},
@@ -300,6 +407,7 @@ TEST(DeckErrors, MalformedDecks) {
       {"&parallel tp = 2, 4 /", "deck.nml:1:19: too many values for parallel%tp (it is a scalar)"},
       {"&run name = 'a' 'b' /", "deck.nml:1:17: too many values for run%name (it is a scalar)"},
       {"&parallel order = 0*'t' /", "deck.nml:1:19: bad repeat count in '0*'"},
+      {"&run trace = 1 /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '1'"},
       // item syntax
       {"&model\n n_layer 4\n/", "deck.nml:2:10: expected '=' after 'n_layer'"},
       {"&model n_layer = 4) /", "deck.nml:1:19: expected ',' or a blank after '4', got ')'"},
@@ -343,13 +451,15 @@ TEST(DeckOverrides, Errors) {
   EXPECT_EQ(set_error({"model%n_layer=4 d_model=3"}), "--set model%n_layer=4 d_model=3: unexpected 'd_model=3' in the value");
   EXPECT_EQ(set_error({"model%dtype=fp16"}), "--set model%dtype=fp16: model%dtype = 'fp16' is not one of 'fp32', 'fp64', 'bf16'");
   EXPECT_EQ(set_error({"parallel%order(7)=t"}),
-            "--set parallel%order(7)=t: bad array index (7) for parallel%order: expected an integer in 1..5");
+            "--set parallel%order(7)=t: bad array index (7) for parallel%order: expected i, lo:hi or lo:hi:step "
+            "within 1..5");
   EXPECT_EQ(set_error({"parallel%order=t,c,e,d,p,t"}),
             "--set parallel%order=t,c,e,d,p,t: too many values for parallel%order (it has 5 elements)");
   EXPECT_EQ(set_error({"parallel%zero=9"}), "--set parallel%zero=9: parallel%zero = 9 is out of range: must be in [0, 3]");
   EXPECT_EQ(set_error({"model%n_layer=2", "model%n_layer=3"}),
             "--set model%n_layer=3: duplicate key model%n_layer (already set by an earlier --set)");
-  EXPECT_EQ(set_error({"run%name='abc"}), "--set run%name='abc: unterminated string (a string must end on the line it starts)");
+  EXPECT_EQ(set_error({"run%name='abc"}), "--set run%name='abc: unterminated string (no closing quote)");
+  EXPECT_EQ(set_error({"run%steps=5/"}), "--set run%steps=5/: unexpected '/' in the value");
 }
 
 // --- cross-field validation -------------------------------------------------------
@@ -435,6 +545,92 @@ TEST(DeckValidate, CrossFieldErrors) {
             "deck.nml: backend%device = 'cuda': this ptrain was built without CUDA "
             "(configure with -DPTRAIN_ENABLE_CUDA=ON)");
 #endif
+}
+
+TEST(DeckValidate, RangeHoles) {
+  // Values each key's range allows but the run cannot use: found before step 1, with the rule.
+  struct Case {
+    std::function<void(Config&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](Config& c) { c.run.out_dir = ""; }, "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')"},
+      {[](Config& c) { c.model.vocab = 2147483648; },
+       "model%vocab = 2147483648 exceeds 2147483647 (the kernels index the vocabulary with 32-bit ints)"},
+      {[](Config& c) { c.model.vocab = 3000000, c.model.d_model = 1024; },
+       "model%vocab*d_model = 3000000*1024 = 3072000000 elements of the token embedding exceed 2147483647 (the "
+       "kernels and MPI index one tensor with 32-bit ints)"},
+      {[](Config& c) { c.model.d_model = 32768; },
+       "max(3, model%ffn_mult)*d_model*d_model = 4*32768*32768 = 4294967296 elements of one weight matrix exceed "
+       "2147483647 (the kernels and MPI index one tensor with 32-bit ints)"},
+      {[](Config& c) { c.model.seq_len = 4194304; },
+       "train%micro_batch*model%seq_len*max(3, model%ffn_mult)*d_model = 16*4194304*4*128 = 34359738368 activation "
+       "elements of one micro-batch exceed 2147483647 (the kernels index them with 32-bit ints)"},
+      {[](Config& c) { c.model.seq_len = 9223372036854775807; },
+       "train%micro_batch*model%seq_len overflows a 64-bit integer"},
+      {[](Config& c) { c.train.global_batch = 4294967296, c.train.micro_batch = 1; },
+       "train%global_batch*model%seq_len = 4294967296*64 = 274877906944 tokens per step exceed 2147483647"},
+      {[](Config& c) { c.data.val_samples = 9223372036854775807; },
+       "data%val_samples*model%seq_len overflows a 64-bit integer"},
+      {[](Config& c) { c.data.val_samples = 1 << 30; },
+       "data%val_samples*model%seq_len = 1073741824*64 = 68719476736 tokens per validation pass exceed 2147483647"},
+      {[](Config& c) { c.train.beta1 = 1.0; }, "train%beta1 = 1.0 is out of range: must be in [0.0, 1.0)"},
+      {[](Config& c) { c.train.beta2 = 1.0; }, "train%beta2 = 1.0 is out of range: must be in [0.0, 1.0)"},
+      {[](Config& c) { c.train.beta2 = -0.5; }, "train%beta2 = -0.5 is out of range: must be in [0.0, 1.0)"},
+  };
+  for (const Case& k : cases) {
+    Config c = deck::defaults();
+    c.deck_path = "deck.nml";
+    k.change(c);
+    EXPECT_EQ(error_of([&] { deck::validate(c, 1); }), "deck.nml: " + k.message);
+  }
+  // In the deck the bounds are found where the value is.
+  EXPECT_EQ(parse_error("&train\n beta1 = 1.0\n/"),
+            "deck.nml:2:10: train%beta1 = 1.0 is out of range: must be in [0.0, 1.0)");
+  Config edge = deck::parse_text("&train beta1 = 0.0, beta2 = 0.9999999 /", "deck.nml");
+  EXPECT_NO_THROW(deck::validate(edge, 1));
+  EXPECT_NE(deck::help_deck().find("| `beta1` | real | `0.9` | 0.0 to below 1.0 |"), std::string::npos);
+}
+
+TEST(DeckValidate, StringsAndControlCharacters) {
+  // No raw control byte from a deck reaches a message; strings may hold none (tabs aside),
+  // and no NUL; and at most 4096 characters.
+  auto raw_free = [](const std::string& m) {
+    for (char c : m)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+    return true;
+  };
+  std::string nul = parse_error(std::string("&run name = 'a\0b' /", 19));
+  EXPECT_EQ(nul, "deck.nml:1:13: run%name = 'a\\x00b' contains the control character \\x00 (not allowed in a string)");
+  std::string esc = parse_error("&run name = '\x1b[31mred' /");
+  EXPECT_EQ(esc, "deck.nml:1:13: run%name = '\\x1b[31mred' contains the control character \\x1b (not allowed in a "
+                 "string)");
+  EXPECT_EQ(parse_error("&run st\x01" "eps = 5 /"),
+            "deck.nml:1:6: unknown key 'st\\x01eps' in &run (did you mean 'steps'?)");
+  EXPECT_EQ(parse_error("&ru\x07n steps = 5 /"), "deck.nml:1:1: unknown group '&ru\\x07n' (did you mean '&run'?)");
+  EXPECT_EQ(parse_error("&run steps = 5\x1b /"), "deck.nml:1:14: expected an integer for run%steps, got '5\\x1b'");
+  EXPECT_EQ(set_error({"run%name=a\nb"}),
+            "--set run%name=a\\x0ab: run%name = 'a\\x0ab' contains the control character \\x0a (not allowed in a "
+            "string)");
+  for (const std::string& m : {nul, esc, set_error({"run%name=a\rb"}), parse_error("&run\x1b\n/")})
+    EXPECT_TRUE(raw_free(m)) << m;
+  Config tab = deck::parse_text("&run name = 'a\tb' /", "deck.nml");
+  EXPECT_EQ(tab.run.name, "a\tb");
+  std::string long_name(5000, 'x');
+  EXPECT_EQ(parse_error("&run name = '" + long_name + "' /"),
+            "deck.nml:1:13: run%name is 5000 characters long (at most 4096 are allowed)");
+  EXPECT_NO_THROW(deck::parse_text("&run name = '" + std::string(4096, 'x') + "' /", "deck.nml"));
+  // A group's name inside a string is where gfortran would start reading that group.
+  EXPECT_EQ(parse_error("&model init_from = 'a &run b' /"),
+            "deck.nml:1:20: model%init_from = 'a &run b' contains '&run', which gfortran would take for the start of "
+            "a group");
+  EXPECT_NO_THROW(deck::parse_text("&model init_from = 'R&D/&running/$HOME/$data.bin/&run' /", "deck.nml"));
+  EXPECT_EQ(parse_error("&run name = 'a!b' / &model n_layer = 2 /"),
+            "deck.nml:1:21: gfortran would not find this &model: a '!' in a string before it hides the rest of the "
+            "line; start the group on a new line");
+  EXPECT_EQ(parse_error("&run name = 'a &model\nx' /\n&model n_layer = 2 /"),
+            "deck.nml:1:16: gfortran would start reading &model here (it takes '&model' inside a string or value for "
+            "the group)");
 }
 
 TEST(DeckValidate, VocabularyIsNotCheckedAgainstTensorParallel) {

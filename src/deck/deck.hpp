@@ -46,6 +46,7 @@ using Value = std::variant<std::int64_t, double, bool, std::string>;  // index =
 struct Bound {
   bool limited = false;
   bool integral = false;  // written as an integer literal in schema.def
+  bool below = false;     // an upper bound written PTRAIN_BELOW(x): values stay under x
   std::int64_t as_int = 0;
   double as_real = 0;
 };
@@ -55,7 +56,7 @@ struct KeySpec {
   KeyType type = KeyType::Int;
   int extent = 0;            // 0: scalar, n: array of exactly n
   std::string default_text;  // deck syntax, as written in schema.def
-  Bound lo, hi;              // inclusive, INT and REAL only
+  Bound lo, hi;              // inclusive (hi unless hi.below), INT and REAL only
   std::vector<std::string> choices;  // allowed STR values; empty: any
   std::string doc;
   std::function<Value(const Config&, int element)> get;  // element 0-based (0 for scalars)

@@ -42,9 +42,9 @@ std::string allowed(const KeySpec& spec) {
   }
   if (spec.type == KeyType::Bool) return "`.true.`, `.false.`";
   if (spec.lo.limited && spec.hi.limited)
-    return cat(show_bound(spec, spec.lo), " to ", show_bound(spec, spec.hi));
+    return cat(show_bound(spec, spec.lo), spec.hi.below ? " to below " : " to ", show_bound(spec, spec.hi));
   if (spec.lo.limited) return cat(">= ", show_bound(spec, spec.lo));
-  if (spec.hi.limited) return cat("<= ", show_bound(spec, spec.hi));
+  if (spec.hi.limited) return cat(spec.hi.below ? "< " : "<= ", show_bound(spec, spec.hi));
   return "any";
 }
 
@@ -94,12 +94,16 @@ std::string echo(const Config& config) {
 std::string help_deck() {
   std::string out =
       "# ptrain deck reference\n\n"
-      "A deck is a Fortran namelist file (what gfortran's NAMELIST read accepts): groups\n"
-      "`&name ... /`, items `key = value` separated by commas or new lines, `!` comments,\n"
-      "strings in quotes, logicals `.true.`/`.false.`, arrays `key = 1, 2`, elements `key(2) = 5`,\n"
-      "repeat counts `3*0`. Every key is optional; a key may be set once. Command-line\n"
-      "`--set group%key=value` overrides the file. The run writes the resolved deck to\n"
-      "`out_dir/deck.nml`.\n";
+      "A deck is a Fortran namelist file, read as gfortran's NAMELIST read reads it: groups\n"
+      "`&name ... /` (or `$name ... $end`), items `key = value` separated by commas or new lines,\n"
+      "`!` comments, strings in quotes (a string may go on over a line end, which is dropped),\n"
+      "logicals `.true.`/`.false.`, reals `3e-4`, `1.0d-3` or `1.5-3`, arrays `key = 1, 2`,\n"
+      "elements and sections `key(2) = 5`, `key(2:3) = 5, 6`, repeat counts `3*0`, null values\n"
+      "`key = , 2`. Where gfortran would quietly skip a value it cannot read, ptrain stops with\n"
+      "an error; it also refuses unknown groups, a key or group given twice, unquoted strings,\n"
+      "reals that are not finite, and control characters or more than 4096 characters in a\n"
+      "string. Every key is optional. Command-line `--set group%key=value` overrides the file.\n"
+      "The run writes the resolved deck to `out_dir/deck.nml`.\n";
   const auto& specs = key_specs();
   for (const GroupSpec& g : group_specs()) {
     out += "\n## &" + g.name + "\n\n" + cell(g.doc) + "\n\n";

@@ -1,5 +1,6 @@
 // deck/schema.cpp — the runtime table of groups and keys, generated from deck/schema.def,
 // with typed accessors into Config; value formatting in deck syntax.
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -13,18 +14,33 @@
 namespace ptrain::deck {
 namespace {
 
+// Longest string value: longer ones are mistakes, and would be copied into every log line
+// and checkpoint.
+constexpr std::size_t kMaxStringLength = 4096;
+
 struct NoLimit {};
+template <class T>
+struct Below {
+  T value;
+};
 
 Bound bound(NoLimit) { return {}; }
 
 template <class T>
 Bound bound(T v) {
-  static_assert(std::is_arithmetic_v<T>, "schema bounds are numbers or PTRAIN_NOLIMIT");
+  static_assert(std::is_arithmetic_v<T>, "schema bounds are numbers, PTRAIN_BELOW(x) or PTRAIN_NOLIMIT");
   Bound b;
   b.limited = true;
   b.integral = std::is_integral_v<T>;
   b.as_real = static_cast<double>(v);
   if constexpr (std::is_integral_v<T>) b.as_int = static_cast<std::int64_t>(v);
+  return b;
+}
+
+template <class T>
+Bound bound(Below<T> v) {
+  Bound b = bound(v.value);
+  b.below = true;
   return b;
 }
 
@@ -99,12 +115,14 @@ void check_table(const Tables& t) {
     if (s.type != KeyType::Str && !s.choices.empty())
       throw Error(cat("schema.def: ", s.name(), " has choices but is not STR"));
     if (s.extent < 0) throw Error(cat("schema.def: ", s.name(), " has a negative extent"));
+    if (s.lo.below) throw Error(cat("schema.def: ", s.name(), " has PTRAIN_BELOW as its lower bound"));
   }
 }
 
 Tables build_tables() {
   Tables t;
 #define PTRAIN_NOLIMIT NoLimit{}
+#define PTRAIN_BELOW(x) Below<decltype(x)>{x}
 #define PTRAIN_GROUP_BEGIN(g, doc) t.groups.push_back(GroupSpec{#g, doc, {}});
 #define PTRAIN_KEY(g, k, TYPE, EXTENT, def, lo, hi, choices, doc)                             \
   t.groups.back().keys.push_back(static_cast<int>(t.keys.size()));                           \
@@ -117,6 +135,7 @@ Tables build_tables() {
 #undef PTRAIN_KEY
 #undef PTRAIN_GROUP_END
 #undef PTRAIN_NOLIMIT
+#undef PTRAIN_BELOW
   check_table(t);
   return t;
 }
@@ -209,6 +228,30 @@ std::string show_bound(const KeySpec& spec, const Bound& b) {
   return spec.type == KeyType::Int ? std::to_string(b.as_int) : format_value(b.as_real);
 }
 
+bool is_control(char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }
+
+std::string hex_byte(char c) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+  return buf;
+}
+
+// The first "&name" or "$name" of a group in `text` followed by a separator, which is where
+// gfortran would start reading that group even inside a string; or "".
+std::string group_mark(const std::string& text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '&' && text[i] != '$') continue;
+    for (const GroupSpec& g : group_specs()) {
+      std::size_t end = i + 1 + g.name.size();
+      if (end >= text.size() || !std::strchr(" \t\r\n,/;!", text[end])) continue;
+      std::string word = text.substr(i + 1, g.name.size());
+      for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (word == g.name) return text.substr(i, end - i);
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string value_error(const KeySpec& spec, int element, const Value& value) {
@@ -216,32 +259,56 @@ std::string value_error(const KeySpec& spec, int element, const Value& value) {
   if (spec.type == KeyType::Int) {
     std::int64_t x = std::get<std::int64_t>(value);
     low = spec.lo.limited && x < spec.lo.as_int;
-    high = spec.hi.limited && x > spec.hi.as_int;
+    high = spec.hi.limited && (spec.hi.below ? x >= spec.hi.as_int : x > spec.hi.as_int);
   } else if (spec.type == KeyType::Real) {
     double x = std::get<double>(value);
     low = spec.lo.limited && x < spec.lo.as_real;
-    high = spec.hi.limited && x > spec.hi.as_real;
+    high = spec.hi.limited && (spec.hi.below ? x >= spec.hi.as_real : x > spec.hi.as_real);
   }
   if (low || high) {
     std::string range;
     if (spec.lo.limited && spec.hi.limited)
-      range = cat("must be in [", show_bound(spec, spec.lo), ", ", show_bound(spec, spec.hi), "]");
+      range = cat("must be in [", show_bound(spec, spec.lo), ", ", show_bound(spec, spec.hi),
+                  spec.hi.below ? ")" : "]");
     else if (spec.lo.limited)
       range = cat("must be >= ", show_bound(spec, spec.lo));
     else
-      range = cat("must be <= ", show_bound(spec, spec.hi));
+      range = cat("must be ", spec.hi.below ? "< " : "<= ", show_bound(spec, spec.hi));
     return cat(element_name(spec, element), " = ", format_value(value), " is out of range: ", range);
   }
-  if (spec.type == KeyType::Str && !spec.choices.empty()) {
-    const std::string& x = std::get<std::string>(value);
+  if (spec.type != KeyType::Str) return "";
+  const std::string& x = std::get<std::string>(value);
+  if (x.size() > kMaxStringLength)
+    return cat(element_name(spec, element), " is ", x.size(), " characters long (at most ", kMaxStringLength,
+               " are allowed)");
+  for (char c : x)
+    if (is_control(c) && c != '\t')
+      return cat(element_name(spec, element), " = ", format_value(excerpt(x)),
+                 " contains the control character ", hex_byte(c), " (not allowed in a string)");
+  std::string group = group_mark(x);
+  if (!group.empty())
+    return cat(element_name(spec, element), " = ", format_value(excerpt(x)), " contains '", group,
+               "', which gfortran would take for the start of a group");
+  if (!spec.choices.empty()) {
     for (const std::string& choice : spec.choices)
       if (x == choice) return "";
     std::string list;
     for (std::size_t i = 0; i < spec.choices.size(); ++i)
       list += (i ? ", " : "") + format_value(spec.choices[i]);
-    return cat(element_name(spec, element), " = ", format_value(value), " is not one of ", list);
+    return cat(element_name(spec, element), " = ", format_value(excerpt(x)), " is not one of ", list);
   }
   return "";
+}
+
+std::string printable(const std::string& text) {
+  std::string out;
+  for (char c : text) out += is_control(c) ? hex_byte(c) : std::string(1, c);
+  return out;
+}
+
+std::string excerpt(const std::string& text) {
+  constexpr std::size_t kLength = 80;
+  return text.size() <= kLength ? text : text.substr(0, kLength - 3) + "...";
 }
 
 

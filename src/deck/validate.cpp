@@ -18,7 +18,7 @@ struct Checker {
   std::string file;
 
   [[noreturn]] void fail(const std::string& message) const {
-    throw Error(cat(file, ": ", message), kExitInput);
+    throw Error(detail::printable(cat(file, ": ", message)), kExitInput);
   }
   void require(bool ok, const std::string& message) const {
     if (!ok) fail(message);
@@ -41,6 +41,8 @@ void validate(Config& c, int world_size) {
   const auto& t = c.train;
   const auto& d = c.data;
   ck.require(world_size >= 1, cat("world size ", world_size, " must be at least 1"));
+  // An empty folder makes the output paths "/log.csv", "/final.h5": the file system's root.
+  ck.require(!c.run.out_dir.empty(), "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')");
   // Every key's own range and choices again: a Config may also be built in code.
   for (const KeySpec& spec : key_specs()) {
     for (int i = 0; i < spec.size(); ++i) {
@@ -85,6 +87,33 @@ void validate(Config& c, int world_size) {
   I64 ffn = ck.mul(m.ffn_mult, m.d_model, "model%ffn_mult*d_model");
   ck.require(ffn % p.tp == 0, cat("parallel%tp = ", p.tp, " does not divide the MLP width model%ffn_mult*d_model = ",
                                   m.ffn_mult, "*", m.d_model, " = ", ffn));
+
+  // Sizes: the kernels index a tensor, and MPI counts its elements, with 32-bit ints.
+  const I64 int_max = std::numeric_limits<int>::max();
+  const std::string int32 = cat(int_max, " (the kernels and MPI index one tensor with 32-bit ints)");
+  ck.require(m.vocab <= int_max, cat("model%vocab = ", m.vocab, " exceeds ", int_max,
+                                     " (the kernels index the vocabulary with 32-bit ints)"));
+  const I64 vocab_padded = (m.vocab + p.tp - 1) / p.tp * p.tp;
+  const I64 embedding = ck.mul(vocab_padded, m.d_model, "model%vocab*d_model");
+  ck.require(embedding <= int_max, cat("model%vocab*d_model = ", vocab_padded, "*", m.d_model, " = ", embedding,
+                                       " elements of the token embedding exceed ", int32));
+  const I64 width_mult = std::max<I64>(3, m.ffn_mult);  // qkv is 3*d_model wide, the MLP ffn_mult*d_model
+  const I64 matrix = ck.mul(ck.mul(width_mult, m.d_model, "model%ffn_mult*d_model"), m.d_model,
+                            "model%ffn_mult*d_model*d_model");
+  ck.require(matrix <= int_max, cat("max(3, model%ffn_mult)*d_model*d_model = ", width_mult, "*", m.d_model, "*",
+                                    m.d_model, " = ", matrix, " elements of one weight matrix exceed ", int32));
+  const I64 activations = ck.mul(ck.mul(t.micro_batch, m.seq_len, "train%micro_batch*model%seq_len"),
+                                 width_mult * m.d_model, "train%micro_batch*model%seq_len*d_model");
+  ck.require(activations <= int_max,
+             cat("train%micro_batch*model%seq_len*max(3, model%ffn_mult)*d_model = ", t.micro_batch, "*", m.seq_len,
+                 "*", width_mult, "*", m.d_model, " = ", activations, " activation elements of one micro-batch exceed ",
+                 int_max, " (the kernels index them with 32-bit ints)"));
+  const I64 step_tokens = ck.mul(t.global_batch, m.seq_len, "train%global_batch*model%seq_len");
+  ck.require(step_tokens <= int_max, cat("train%global_batch*model%seq_len = ", t.global_batch, "*", m.seq_len, " = ",
+                                         step_tokens, " tokens per step exceed ", int_max));
+  const I64 val_tokens = ck.mul(d.val_samples, m.seq_len, "data%val_samples*model%seq_len");
+  ck.require(val_tokens <= int_max, cat("data%val_samples*model%seq_len = ", d.val_samples, "*", m.seq_len, " = ",
+                                        val_tokens, " tokens per validation pass exceed ", int_max));
 
   // Pipeline: every stage chunk gets the same number of layers; none are dropped.
   I64 chunks = ck.mul(p.pp, p.virtual_stages, "parallel%pp*virtual_stages");
