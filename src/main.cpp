@@ -12,33 +12,34 @@
 // and every rank exits with code 2. Any other error on one rank prints
 // "[rank N] error: ..." and aborts the job with MPI_Abort.
 #include <mpi.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
-#include <cerrno>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ckpt/training.hpp"
+#include "comm/watchdog.hpp"
 #include "deck/deck.hpp"
 #include "grid/grid.hpp"
 #include "kernels/gemm.hpp"
 #include "model/layout.hpp"
 #include "parallel/plan.hpp"
+#include "parallel/report.hpp"
 #include "parallel/trainer.hpp"
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
 #include "util/profile.hpp"
+#include "util/signals.hpp"
 #include "util/timer.hpp"
 #include "util/trace.hpp"
 #include "util/version.hpp"
@@ -46,6 +47,8 @@
 namespace {
 
 using namespace ptrain;
+using parallel::fixed;
+using parallel::format_duration;
 
 const char* kUsage =
     "usage: ptrain [options] deck.nml\n"
@@ -133,32 +136,6 @@ int run_plan(const Options& o, int world_rank, int world_size) {
   return kExitOk;
 }
 
-// mkdir -p on rank 0.
-void make_dirs(const std::string& path) {
-  std::string partial;
-  for (std::size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
-        throw Error(cat("cannot create folder '", partial, "': ", std::strerror(errno)));
-    }
-    if (i < path.size()) partial += path[i];
-  }
-}
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "-";
-  const long t = long(s + 0.5);
-  if (t >= 3600) return cat(t / 3600, "h", (t % 3600) / 60 < 10 ? "0" : "", (t % 3600) / 60, "m");
-  if (t >= 60) return cat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
-  return cat(t, "s");
-}
-
-std::string fixed(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
-
 // The BLAS threads of this rank: backend%blas_threads, or the node's cores shared among
 // the ranks on it (never more threads than cores: no oversubscribed busy-waiting pools).
 int blas_threads_for(const Config& config, const Grid& grid) {
@@ -167,105 +144,6 @@ int blas_threads_for(const Config& config, const Grid& grid) {
   MPI_Comm_size(grid.node_comm(), &ranks_here);
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, ranks_here));
-}
-
-// One log line per log_every steps on rank 0, and every step in out_dir/log.csv.
-class RunLog {
- public:
-  RunLog(const Config& config, double peak_gflops_per_rank, int world, std::int64_t first_step)
-      : config_(config),
-        first_step_(first_step),
-        peak_(peak_gflops_per_rank * world),
-        flops_per_token_(model::flops_per_token(config)) {
-    if (log::rank() != 0) return;
-    // A restarted run continues the same log.csv.
-    const std::string path = config.run.out_dir + "/log.csv";
-    const bool resume = first_step > 1 && std::ifstream(path).good();
-    csv_.open(path, resume ? std::ios::app : std::ios::trunc);
-    if (!csv_) throw Error(cat("cannot write '", path, "'"));
-    if (!resume)
-      csv_ << "step,loss,val_loss,lr,grad_norm,tokens_per_s,gflops,mfu,peak_mem_bytes,"
-              "t_step,t_forward,t_backward,t_optimizer,eta_s,"
-              "bytes_dense_grad,exposed_dense_grad_s,overlap_dense_grad,bytes_tp,exposed_tp_s\n";
-  }
-
-  void step(const parallel::StepResult& r, double val_loss, double elapsed) {
-    const double tok_s = double(r.tokens) / r.t_step;
-    const double gflops = flops_per_token_ * double(r.tokens) / r.t_step / 1e9;
-    const double mfu = peak_ > 0 ? gflops / peak_ : 0;
-    const double eta =
-        elapsed / double(r.step - first_step_ + 1) * double(config_.run.steps - r.step);
-    const double mem = double(memory::stats().total_peak);
-    if (log::rank() != 0) return;
-    // Losses and norms to the last bit (%.17g), so runs can be compared exactly.
-    csv_ << r.step << ',' << fixed("%.17g", r.loss) << ','
-         << (std::isnan(val_loss) ? "" : fixed("%.17g", val_loss)) << ',' << fixed("%.6g", r.lr)
-         << ',' << fixed("%.17g", r.grad_norm) << ',' << fixed("%.1f", tok_s) << ','
-         << fixed("%.3f", gflops) << ',' << fixed("%.4f", mfu) << ',' << fixed("%.0f", mem) << ','
-         << fixed("%.6f", r.t_step) << ',' << fixed("%.6f", r.t_forward) << ','
-         << fixed("%.6f", r.t_backward) << ',' << fixed("%.6f", r.t_optimizer) << ','
-         << fixed("%.1f", eta) << ',' << fixed("%.0f", r.comm_bytes) << ','
-         << fixed("%.6f", r.comm_exposed) << ',' << fixed("%.4f", r.comm_overlap) << ','
-         << fixed("%.0f", r.tp_bytes) << ',' << fixed("%.6f", r.tp_exposed) << '\n';
-    csv_.flush();
-    const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
-                       r.step == config_.run.steps || !std::isnan(val_loss);
-    if (!print) return;
-    log::info(cat(
-        "step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
-        fixed("%.4f", r.loss),
-        std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)), " | lr ",
-        fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ", fixed("%.0f", tok_s),
-        " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ", fixed("%.1f%%", 100 * mfu),
-        " | mem ", format_bytes(mem), " | fwd ", fixed("%.3f", r.t_forward), " bwd ",
-        fixed("%.3f", r.t_backward), " opt ", fixed("%.3f", r.t_optimizer), " s",
-        r.comm_bytes > 0
-            ? cat(" | dp comm ", format_bytes(r.comm_bytes), ", ", fixed("%.3f", r.comm_exposed),
-                  " s exposed, ", fixed("%.0f%%", 100 * r.comm_overlap), " overlapped")
-            : std::string(),
-        r.tp_bytes > 0
-            ? cat(" | tp comm ", format_bytes(r.tp_bytes), ", ", fixed("%.3f", r.tp_exposed), " s")
-            : std::string(),
-        " | ETA ", format_duration(eta)));
-  }
-
- private:
-  const Config& config_;
-  std::int64_t first_step_;
-  double peak_, flops_per_token_;
-  std::ofstream csv_;
-};
-
-// --bench: seconds per step by kernel family, against the measured step time.
-std::string bench_report(double step_seconds, std::int64_t steps) {
-  if (steps == 0) return "bench: run at least 2 steps for a kernel breakdown";
-  std::string r = cat("bench: time per step by kernel family (mean of ", steps,
-                      " steps after the first, each region fenced)\n");
-  double sum = 0;
-  for (const auto& [name, t] : profile::totals()) {
-    const double per = t / double(steps);
-    sum += per;
-    r += cat("  ", name, std::string(name.size() < 14 ? 14 - name.size() : 0, ' '),
-             fixed("%9.4f s", per), fixed("  %5.1f%%\n", 100 * per / step_seconds));
-  }
-  r += cat("  other         ", fixed("%9.4f s", step_seconds - sum),
-           fixed("  %5.1f%%", 100 * (step_seconds - sum) / step_seconds));
-  return r;
-}
-
-// SIGUSR1 / SIGTERM (Slurm's --signal and time limit): the first asks every rank to finish
-// the step, write a checkpoint and exit 0; a second one exits at once.
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal) _exit(128 + sig);
-  g_stop_signal = sig;
-}
-
-// True on every rank when any rank has been signalled (checked once per step).
-int agreed_stop_signal() {
-  int sig = int(g_stop_signal);
-  MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return sig;
 }
 
 template <class T>
@@ -292,13 +170,10 @@ int train(const Config& config, const Grid& grid, bool bench) {
 
   ckpt::initialise(config, grid, trainer);  // init_from, or from the seed
   const std::int64_t done = ckpt::resume(config, grid, trainer);
-  if (config.checkpoint.every > 0 && log::rank() == 0) make_dirs(ckpt::checkpoint_dir(config));
-  std::signal(SIGUSR1, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
 
   // run%trace: every rank's timeline from here on (time zero just after a barrier).
   const std::string trace_dir = config.run.out_dir + "/trace";
-  if (config.run.trace && log::rank() == 0) make_dirs(trace_dir);
+  if (config.run.trace && log::rank() == 0) std::filesystem::create_directories(trace_dir);
   MPI_Barrier(MPI_COMM_WORLD);
   trace::start(config.run.trace);
   auto write_trace = [&] {
@@ -308,7 +183,7 @@ int train(const Config& config, const Grid& grid, bool bench) {
                   "/rank*.csv (postprocess/plot_schedule.py draws them)"));
   };
 
-  RunLog runlog(config, peak, world, done + 1);
+  parallel::RunLog runlog(config, peak, world, done + 1);
   std::int64_t profiled_steps = 0;
   const double t0 = wall_seconds();
   double last_val = std::nan(""), last_loss = std::nan("");
@@ -316,10 +191,8 @@ int train(const Config& config, const Grid& grid, bool bench) {
   for (std::int64_t s = done + 1; s <= config.run.steps; ++s) {
     profile::enable(bench && s > done + 1);  // --bench: kernel breakdown, first step excluded
     profiled_steps += profile::enabled() ? 1 : 0;
-    const auto r = trainer.step(s);
+    const auto r = runlog.measure([&] { return trainer.step(s); });
     profile::enable(false);
-    PTRAIN_REQUIRE(std::isfinite(r.loss), "step ", s, ": the loss is ", r.loss,
-                   " (diverged; lower train%lr or check the data)");
     last_loss = r.loss;
     double val = std::nan("");
     const bool eval_now =
@@ -331,7 +204,7 @@ int train(const Config& config, const Grid& grid, bool bench) {
     }
     runlog.step(r, val, wall_seconds() - t0);
     const bool periodic = config.checkpoint.every > 0 && s % config.checkpoint.every == 0;
-    const int sig = agreed_stop_signal();
+    const int sig = signals::agreed_stop_signal(MPI_COMM_WORLD);
     if (periodic || sig) ckpt::save(config, grid, trainer, s, r.lr);
     if (sig) {
       write_trace();
@@ -357,7 +230,8 @@ int train(const Config& config, const Grid& grid, bool bench) {
                 " of peak (steps after the first)"));
   log::info(cat("memory: peak ", format_bytes(double(memory::stats().total_peak)), " on rank 0"));
   if (bench)
-    log::info(bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
+    log::info(
+        parallel::bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
   return kExitOk;
 }
 
@@ -383,28 +257,27 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,
                 " on ", world_size, " rank(s)"));
   log::info(grid.describe());
+  watchdog::start(MPI_COMM_WORLD, config.run.hang_timeout);
   const model::Dims dims = model::dims_of(config);
   if (dims.Vpad != dims.V)
     log::info(cat("model: vocab ", dims.V, " padded to ", dims.Vpad, " (a multiple of tp = ",
                   config.parallel.tp, "); padded rows never win the softmax"));
+  ckpt::check_writable(config, MPI_COMM_WORLD);  // out_dir and checkpoint%dir, before step 1
   if (world_rank == 0) {
-    make_dirs(config.run.out_dir);
     const std::string echo = deck::echo(config);
     std::ofstream(config.run.out_dir + "/deck.nml") << echo;
     log::info("resolved deck (also in " + config.run.out_dir + "/deck.nml):\n" + echo);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   parallel::check_supported(config, world_size);
-  if (config.model.dtype == "fp64") return train<double>(config, grid, o.bench);
-  if (config.model.dtype == "fp32") return train<float>(config, grid, o.bench);
-  throw Error(cat("model%dtype = '", config.model.dtype,
-                  "' needs the CUDA backend, which is not built yet"),
-              kExitInput);
+  return config.model.dtype == "fp64" ? train<double>(config, grid, o.bench)
+                                      : train<float>(config, grid, o.bench);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  signals::install_stop_handlers();  // a stop signal during set-up is a request, not a kill
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -414,11 +287,12 @@ int main(int argc, char** argv) {
   try {
     code = run(argc, argv, rank, size);
   } catch (const Error& e) {
-    // Input errors (deck, arguments) are raised on every rank alike: report once, exit.
-    if (e.exit_code() == kExitInput) {
+    // Errors raised on every rank alike (the user's input, a diverged step): report once,
+    // exit cleanly. One rank's error aborts the job so the others cannot hang.
+    if (e.on_all_ranks()) {
       if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
       MPI_Finalize();
-      return kExitInput;
+      return e.exit_code();
     }
     log::error_any_rank(e.what());
     MPI_Abort(MPI_COMM_WORLD, e.exit_code());

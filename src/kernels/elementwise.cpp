@@ -68,6 +68,15 @@ double sum_of_squares(CVec<T> x) {
 }
 
 template <class T>
+std::int64_t count_nonfinite(CVec<T> x) {
+  std::int64_t n = 0;
+  Kokkos::parallel_reduce(
+      "ptrain::count_nonfinite", x.extent(0),
+      KOKKOS_LAMBDA(std::size_t i, std::int64_t& acc) { acc += kmath::isfinite(x(i)) ? 0 : 1; }, n);
+  return n;
+}
+
+template <class T>
 void residual_forward(Vec<T> out, CVec<T> a, CVec<T> b, std::size_t n) {
   require_len("residual_forward out", out.extent(0), n);
   require_len("residual_forward a", a.extent(0), n);
@@ -116,6 +125,7 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
   template void scale<T>(Vec<T>, T);                                        \
   template void axpy<T>(Vec<T>, T, CVec<T>);                                \
   template double sum_of_squares<T>(CVec<T>);                               \
+  template std::int64_t count_nonfinite<T>(CVec<T>);                        \
   template void residual_forward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t); \
   template void gelu_forward<T>(Vec<T>, CVec<T>, std::size_t);              \
   template void gelu_backward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t);

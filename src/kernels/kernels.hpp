@@ -8,6 +8,7 @@
 // Attention is in kernels/attention.hpp, gemm in kernels/gemm.hpp.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/view.hpp"
 
@@ -24,6 +25,8 @@ template <class T>
 void axpy(Vec<T> y, T alpha, CVec<T> x);  // y [+=] alpha x; equal extents
 template <class T>
 double sum_of_squares(CVec<T> x);  // sum x^2, accumulated in double
+template <class T>
+std::int64_t count_nonfinite(CVec<T> x);  // elements that are NaN or +-inf
 
 // ---- residual and GELU (n elements) -------------------------------------------------
 // out [=] a + b. Its backward is axpy(da, 1, dout) on each input.

@@ -395,23 +395,40 @@ void DataParallel<T>::finish_gradients() {
 }
 
 template <class T>
+template <class F>
+void DataParallel<T>::for_each_owned_grad(F&& f) {
+  const std::int64_t S = sizes_.shard;
+  const std::int64_t lo = std::min(sizes_.numel, r_ * S), hi = std::min(sizes_.numel, (r_ + 1) * S);
+  const std::int64_t base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
+  for (std::size_t i = 0; i < layout_.tensors.size(); ++i) {
+    const auto& t = layout_.tensors[i];
+    const std::int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a < b) f(int(i), t, slice(store_->grads_.view(), a - base, b - base));
+  }
+}
+
+template <class T>
 double DataParallel<T>::grad_norm_squared() {
   // Each rank sums its own shard of the (reduced) gradients and the group adds them up.
   // Under tensor parallelism the tp ranks add their shards too, and a tensor every tp rank
   // holds whole (LayerNorm, row-parallel biases, wpe) counts once, from tp rank 0.
-  const std::int64_t S = sizes_.shard;
-  const std::int64_t lo = std::min(sizes_.numel, r_ * S), hi = std::min(sizes_.numel, (r_ + 1) * S);
-  const std::int64_t base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
   const bool skip_replicated = tp_ && tp_->size() > 1 && tp_->rank() != 0;
   double sq = 0;
-  for (const auto& t : layout_.tensors) {
-    if (skip_replicated && t.tp_replicated()) continue;
-    const std::int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
-    if (a < b) sq += K::sum_of_squares<T>(slice(store_->grads_.view(), a - base, b - base));
-  }
+  for_each_owned_grad([&](int, const model::TensorSpec& t, const K::Vec<T>& g) {
+    if (!(skip_replicated && t.tp_replicated())) sq += K::sum_of_squares<T>(g);
+  });
   group_.all_reduce_sum_now(&sq, 1);
   if (tp_ && tp_->size() > 1) tp_->all_reduce_sum_now(&sq, 1);
   return sq;
+}
+
+template <class T>
+int DataParallel<T>::first_nonfinite_grad() {
+  int first = -1;
+  for_each_owned_grad([&](int i, const model::TensorSpec&, const K::Vec<T>& g) {
+    if (first < 0 && K::count_nonfinite<T>(g) > 0) first = i;
+  });
+  return first;
 }
 
 template <class T>

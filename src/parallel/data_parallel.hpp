@@ -73,6 +73,9 @@ class DataParallel {
   void begin_micro_batch(bool last);  // ZeRO 0/1 reduce only after the last one
   void finish_gradients();            // every reduction done: update_grads() is final
   double grad_norm_squared();         // global, over the dense-grad group
+  // Index in layout().tensors of the first tensor with a NaN or infinite gradient in the
+  // range this rank owns, or -1 (local: no communication).
+  int first_nonfinite_grad();
   void finish_step();                 // ZeRO 1/2: all-gather the updated parameters
 
   // Fraction of the gradient bytes whose reduction completed before finish_gradients
@@ -81,6 +84,9 @@ class DataParallel {
 
  private:
   class Store;
+  // f(index in layout_.tensors, spec, gradients of its part in this rank's owned range).
+  template <class F>
+  void for_each_owned_grad(F&& f);
   Comm& group_;
   Comm* tp_ = nullptr;
   model::ChunkLayout layout_;

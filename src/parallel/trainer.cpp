@@ -1,10 +1,14 @@
 #include "parallel/trainer.hpp"
 
+#include <chrono>
 #include <cmath>
+#include <thread>
+#include <limits>
 
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
 #include "util/profile.hpp"
+#include "util/signals.hpp"
 #include "util/timer.hpp"
 
 namespace ptrain::parallel {
@@ -84,7 +88,8 @@ StepResult Trainer<T>::step(std::int64_t s) {
   r.tokens = global * S;
   const T dloss = T(1.0 / double(r.tokens));  // d(mean loss) / d(token loss)
 
-  const CommStats before = dense_grad_.stats(), tp_before = tp_.stats();
+  if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
+    std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
   dp_.begin_step();
   const auto [first, count] = my_slice(global);  // the deck makes count a multiple of mb
   double loss_sum = 0;
@@ -113,27 +118,61 @@ StepResult Trainer<T>::step(std::int64_t s) {
 
   opt.start();
   auto grads = dp_.update_grads();
-  profile::region("clip", [&] {
-    r.grad_norm = std::sqrt(dp_.grad_norm_squared());
-    const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
-    if (factor != 1.0) kernels::scale<T>(grads, T(factor));
-  });
+  if (s == config_.run.debug_nan_step && grid_.world_rank() == 0)
+    Kokkos::deep_copy(Kokkos::subview(grads, 0), std::numeric_limits<T>::quiet_NaN());
+  r.grad_norm = std::sqrt(dp_.grad_norm_squared());
   r.lr = schedule_.at(s);
-  profile::region("optimizer", [&] { optimizer_->step(dp_.update_params(), grads, r.lr); });
-  profile::region("param-gather", [&] { dp_.finish_step(); });
+  // Loss and norm are the same on every rank, so every rank takes the same decision.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    skip_nonfinite(r);
+  } else {
+    consecutive_skips_ = 0;
+    profile::region("clip", [&] {
+      const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
+      if (factor != 1.0) kernels::scale<T>(grads, T(factor));
+    });
+    profile::region("optimizer", [&] { optimizer_->step(dp_.update_params(), grads, r.lr); });
+    profile::region("param-gather", [&] { dp_.finish_step(); });
+  }
   Kokkos::fence();
   opt.stop();
-  r.comm_bytes = dense_grad_.stats().bytes - before.bytes;
-  r.comm_exposed = dense_grad_.stats().exposed_s - before.exposed_s;
   r.comm_overlap = dp_.overlap_fraction();
-  r.tp_bytes = tp_.stats().bytes - tp_before.bytes;
-  r.tp_exposed = tp_.stats().exposed_s - tp_before.exposed_s;
 
   r.t_forward = fwd.total();
   r.t_backward = bwd.total();
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
   return r;
+}
+
+// train%nonfinite: 'skip' drops the step's update (no parameter or optimizer state changes)
+// until max_skips in a row; 'stop' (or too many skips) ends the run on every rank alike,
+// naming the first tensor with a non-finite gradient and its rank, before any checkpoint
+// could be written from that state.
+template <class T>
+void Trainer<T>::skip_nonfinite(StepResult& r) {
+  const bool skip = config_.train.nonfinite == "skip";
+  if (skip && ++consecutive_skips_ <= config_.train.max_skips) {
+    r.skipped = true;
+    return;
+  }
+  struct {
+    int tensor, rank;
+  } first{dp_.first_nonfinite_grad(), grid_.world_rank()};
+  if (first.tensor < 0) first.tensor = std::numeric_limits<int>::max();
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD);
+  const auto& tensors = dp_.layout().tensors;
+  const std::string where =
+      first.tensor < int(tensors.size())
+          ? cat("; the first non-finite gradient is ", tensors[std::size_t(first.tensor)].name,
+                " on rank ", first.rank)
+          : std::string("; every gradient is finite (the loss is not)");
+  throw Error(cat("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, where,
+                  skip ? cat(" (", config_.train.max_skips, " steps skipped in a row)")
+                       : std::string(" (train%nonfinite = 'stop')"),
+                  ". No checkpoint was written from this state; lower train%lr, or set "
+                  "train%nonfinite = 'skip' to drop such steps"),
+              kExitRuntime, ErrorScope::all_ranks);
 }
 
 template <class T>
@@ -148,6 +187,9 @@ double Trainer<T>::evaluate() {
   const std::int64_t passes = ((n + ranks - 1) / ranks + mb - 1) / mb;
   double loss_sum = 0;
   for (std::int64_t k = 0; k < passes; ++k) {
+    // A stop signal (time limit) must not wait for a long validation: every rank agrees
+    // before each pass and leaves together.
+    if (signals::agreed_stop_signal(MPI_COMM_WORLD)) return std::nan("");
     const std::int64_t j = k * mb;
     const int B = int(std::max<std::int64_t>(1, std::min(mb, count - j)));
     const bool real = j < count;

@@ -22,10 +22,9 @@ struct StepResult {
   double loss = 0, lr = 0, grad_norm = 0;
   double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
   std::int64_t tokens = 0;                                            // in the global batch
-  // Data-parallel gradient traffic of this step (dense-grad group, this rank).
-  double comm_bytes = 0, comm_exposed = 0;  // bytes sent; seconds blocked waiting
-  double comm_overlap = 1;                  // bytes reduced before the end of the backward
-  double tp_bytes = 0, tp_exposed = 0;      // tensor-parallel traffic (blocking: all exposed)
+  // Traffic per group is read from the comm table around the step (parallel/report.hpp).
+  double comm_overlap = 1;  // dense-grad bytes reduced before the end of the backward
+  bool skipped = false;  // non-finite loss or norm, update dropped (train%nonfinite = 'skip')
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
@@ -44,10 +43,11 @@ class Trainer {
   optim::Optimizer<T>& optimizer() { return *optimizer_; }
 
   StepResult step(std::int64_t s);  // optimizer step s (1-based)
-  double evaluate();                // mean loss over the validation samples
+  double evaluate();  // mean loss over the validation samples; NaN when a stop signal came
   bool can_evaluate() const { return data_->has_val(); }
 
  private:
+  void skip_nonfinite(StepResult& r);  // or throws (train%nonfinite)
   // This rank's contiguous slice [first, first+count) of n samples.
   std::pair<std::int64_t, std::int64_t> my_slice(std::int64_t n) const;
 
@@ -60,6 +60,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer<T>> optimizer_;
   optim::LrSchedule schedule_;
   std::vector<std::int32_t> inputs_, targets_;  // one micro-batch, host
+  std::int64_t consecutive_skips_ = 0;
 };
 
 }  // namespace ptrain::parallel
