@@ -6,9 +6,7 @@
 # about the others; empty (Makefile.inc's default MODULE_DEPS) it loads nothing.
 # Lmod comes from Makefile.inc's DEBIAN_PACKAGES: without it the test skips, unless it runs as
 # root (then it fails).
-set -euo pipefail
-: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 lmod_init=
 for f in "${LMOD_PKG:-/usr/share/lmod/lmod}/init/bash" /usr/share/lmod/lmod/init/bash; do
   if [ -r "$f" ]; then lmod_init=$f; break; fi
@@ -19,7 +17,6 @@ if [ -z "$lmod_init" ]; then
 fi
 build=$(dirname "$PTRAIN")
 [ -f "$build/cmake_install.cmake" ] || fail "$build is not a CMake build folder (PTRAIN=$PTRAIN)"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
 
 # 1. The real install target, on this build folder.

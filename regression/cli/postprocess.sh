@@ -5,9 +5,7 @@
 # log.csv with awk; missing and partial runs marked); plot_scaling.py draws exposed-communication
 # columns when a log has them. numpy/h5py/matplotlib are Debian packages (Makefile.inc): without
 # them the test skips, unless it runs as root (then it fails).
-set -euo pipefail
-: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 py=/usr/bin/python3
 if ! "$py" -c 'import numpy, h5py, matplotlib' 2>/dev/null; then
   [ "$(id -u)" = 0 ] && fail "$py lacks numpy/h5py/matplotlib (python3-numpy python3-h5py python3-matplotlib)"
@@ -15,7 +13,6 @@ if ! "$py" -c 'import numpy, h5py, matplotlib' 2>/dev/null; then
 fi
 pp=$PTRAIN_SOURCE_DIR/postprocess
 tiny=$PTRAIN_SOURCE_DIR/input/tiny.nml
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 export MPLCONFIGDIR=$tmp/mpl
 

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The README's deck reference is exactly what `ptrain --help-deck` prints (both come from
 # src/deck/schema.def). Regenerate it with the block shown on failure.
-set -euo pipefail
-: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 readme="$PTRAIN_SOURCE_DIR/README"
 got=$(sed -n '/^<!-- deck reference/,/^<!-- end of deck reference/p' "$readme" | sed '1d;$d')
 want=$("$PTRAIN" --help-deck)

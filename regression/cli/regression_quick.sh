@@ -4,16 +4,13 @@
 # and a deck with a learning rate changed by 1e-4 relative both FAIL with a non-zero exit, and
 # --regenerate refuses to run under CI. numpy/h5py come from Makefile.inc's DEBIAN_PACKAGES:
 # without them the test skips, unless it runs as root (then it fails).
-set -euo pipefail
-: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 py=/usr/bin/python3
 if ! "$py" -c 'import numpy, h5py, tomllib' 2>/dev/null; then
   [ "$(id -u)" = 0 ] && fail "$py lacks numpy/h5py/tomllib (python3-numpy python3-h5py, Python >= 3.11)"
   echo "SKIP: regression_quick: $py lacks numpy/h5py/tomllib"; exit 0
 fi
 run=$PTRAIN_SOURCE_DIR/regression/run
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # 1. The quick cases.
 set +e

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# run%trace: every rank writes its timeline, and postprocess/plot_schedule.py draws it.
-set -euo pipefail
-: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}" "${MPIEXEC:=mpirun}"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# run%trace: every rank writes its timeline, and postprocess/plot_schedule.py draws it. The
+# same tp 2 run's log.csv has tp columns, and the dense-grad ones scripts rely on.
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$PTRAIN_SOURCE_DIR/input/tiny.nml" \
   --set run%trace=.true. --set run%steps=3 --set train%micro_batch=4 --set parallel%tp=2 \
   --set run%out_dir="'$tmp/run'" >"$tmp/run.log" 2>&1 || fail "traced run: $(tail -3 "$tmp/run.log")"
+header=$(head -n 1 "$tmp/run/log.csv")
+for c in bytes_tp exposed_tp_s bytes_dense_grad exposed_dense_grad_s overlap_dense_grad; do
+  tr , '\n' <<<"$header" | grep -qx "$c" || fail "no $c column in log.csv: $header"
+done
 for r in 0 1; do
   f="$tmp/run/trace/rank$r.csv"
   [ -f "$f" ] || fail "no $f"

@@ -3,10 +3,7 @@
 # echoed deck parses back, final weights are a real HDF5 file that init_from reads, bad data
 # stops before step 1, and (when the shared data set is present) a byte-level model of
 # tinyshakespeare gets below 2.0 nats/byte on validation.
-set -euo pipefail
-: "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 cd "$tmp"
 last_col() { tail -n 1 "$1" | cut -d, -f"$2"; }  # log.csv: 2 = loss, 3 = val_loss
 
@@ -21,6 +18,9 @@ echo "tiny: final loss $loss, val $val, floor $floor"
 awk -v l="$loss" -v f="$floor" 'BEGIN { exit !(l < 1.10 * f) }' || fail "loss $loss not within 10% of $floor"
 awk -v l="$val" -v f="$floor" 'BEGIN { exit !(l < 1.10 * f) }' || fail "val $val not within 10% of $floor"
 [ "$(wc -l <"$tmp/tiny/log.csv")" = 301 ] || fail "log.csv should have a header and 300 rows"
+# One rank: no group is used, but the dense-grad columns are always there (zero).
+comm_cols=$(head -n 1 "$tmp/tiny/log.csv" | tr , '\n' | grep -E '^(bytes|exposed|overlap)_' | tr '\n' ' ')
+[ "$comm_cols" = "bytes_dense_grad exposed_dense_grad_s overlap_dense_grad " ] || fail "log.csv comm columns: $comm_cols"
 
 # 2. The echoed deck parses back and plans.
 "$PTRAIN" --plan "$tmp/tiny/deck.nml" --world 1 >/dev/null || fail "echoed deck does not parse"
