@@ -7,7 +7,9 @@
 #   usage: regression/bench/step_time.sh BASE_PTRAIN NEW_PTRAIN [pairs=5] [steps=4]
 # e.g. to compare against an older commit:
 #   git worktree add /tmp/base <commit> && cmake -S /tmp/base -B /tmp/base/build \
-#     -DCMAKE_BUILD_TYPE=Release -DPTRAIN_BUILD_TESTS=OFF && cmake --build /tmp/base/build --target ptrain
+#     -DCMAKE_BUILD_TYPE=Release -DPTRAIN_ARCH_FLAGS=-march=native -DPTRAIN_BUILD_TESTS=OFF \
+#     && cmake --build /tmp/base/build --target ptrain
+# (the same flags as `make`, which passes Makefile.inc's ARCH_FLAGS: compare like with like)
 #   regression/bench/step_time.sh /tmp/base/build/ptrain build/ptrain
 base_ptrain=${1:?usage: step_time.sh BASE_PTRAIN NEW_PTRAIN [pairs] [steps]}
 new_ptrain=${2:?usage: step_time.sh BASE_PTRAIN NEW_PTRAIN [pairs] [steps]}
