@@ -159,10 +159,11 @@ int train(const Config& config, const Grid& grid, bool bench) {
   }
 
   parallel::Trainer<T> trainer(config, grid);
-  auto& model = trainer.model();
+  std::int64_t held = 0;
+  for (const auto& layout : trainer.layouts()) held += layout.numel;
   log::info(cat("model: ", model::global_parameter_count(config), " parameters, ",
-                config.model.dtype, ", this rank holds ", model.layout().numel,
-                " in its flat buffer"));
+                config.model.dtype, ", rank 0 holds ", held, " in ", trainer.chunks(),
+                trainer.chunks() == 1 ? " flat buffer" : " flat buffers (chunks)"));
   log::info(cat("data: ", trainer.data().describe()));
   if (auto floor = trainer.data().entropy_floor())
     log::info(cat("data: entropy floor of the synthetic process = ", fixed("%.4f", *floor),

@@ -10,7 +10,7 @@ timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$deck" "${common[@]}" 
 grep -q "dense-grad comm .* overlapped" "$tmp/z2.log" || fail "no data-parallel traffic in the log line"
 # log.csv has columns for each group with more than one rank, read by name.
 header=$(head -n 1 "$tmp/z2/log.csv")
-for c in bytes_dense_grad exposed_dense_grad_s overlap_dense_grad bytes_batch; do
+for c in bytes_dense_grad exposed_dense_grad_s overlap_dense_grad; do
   tr , '\n' <<<"$header" | grep -qx "$c" || fail "no $c column in log.csv: $header"
 done
 bytes=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "bytes_dense_grad") k = i } { v = $k } END { print v }' "$tmp/z2/log.csv")

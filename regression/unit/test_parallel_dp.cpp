@@ -89,7 +89,7 @@ RunRecord train(const Config& c, MPI_Comm comm) {
     run.val_loss = trainer.evaluate();
     std::vector<double> local;
     for (T w : trainer.data_parallel().gather_weights()) local.push_back(double(w));
-    run.weights = global_weights(c, trainer.model().layout(), local, comm);
+    run.weights = global_weights(c, trainer.stage().layout(), local, comm);
   }
   return run;
 }

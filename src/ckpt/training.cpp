@@ -71,15 +71,16 @@ TensorPredicate state_holder(const Config& config, const Grid& grid) {
 // What this rank owns of the parameters and, with `moments`, of the optimizer's moments.
 template <class P, class T>
 Buffers<P> owned_state(parallel::Trainer<T>& trainer, bool moments = true) {
-  auto& dp = trainer.data_parallel();
-  const auto lo = std::size_t(dp.update_lo()), hi = std::size_t(dp.update_hi());
   Buffers<P> b;
-  b.params.push_back({dp.update_params().data(), lo, hi});
-  const auto state = trainer.optimizer().state();
-  b.moments = moments && !state.empty();
-  if (b.moments)
-    for (const auto& [name, view] : state)
-      (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
+  b.moments = moments && !trainer.optimizer(0).state().empty();
+  for (int c = 0; c < trainer.chunks(); ++c) {
+    auto& dp = trainer.data_parallel(c);
+    const auto lo = std::size_t(dp.update_lo()), hi = std::size_t(dp.update_hi());
+    b.params.push_back({dp.update_params().data(), lo, hi});
+    if (b.moments)
+      for (const auto& [name, view] : trainer.optimizer(c).state())
+        (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
+  }
   return b;
 }
 
@@ -143,19 +144,26 @@ void check_writable(const Config& config, MPI_Comm comm) {
 
 template <class T>
 void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
-  auto& dp = trainer.data_parallel();
   if (config.model.init_from.empty()) {
-    dp.init_weights(std::uint64_t(config.run.seed));
+    for (int c = 0; c < trainer.chunks(); ++c)
+      trainer.data_parallel(c).init_weights(std::uint64_t(config.run.seed));
     return;
   }
   LoadReport report;
-  std::vector<T> whole(std::size_t(trainer.model().layout().numel));
+  const auto layouts = trainer.layouts();
+  std::vector<std::vector<T>> whole;
+  std::vector<T*> out;
+  for (const auto& layout : layouts) {
+    whole.emplace_back(std::size_t(layout.numel));
+    out.push_back(whole.back().data());
+  }
   users_file<bool>([&] {
-    load_weights<T>(config.model.init_from, MPI_COMM_WORLD, {trainer.model().layout()},
-                    {whole.data()}, weights_holder(grid), &report);
+    load_weights<T>(config.model.init_from, MPI_COMM_WORLD, layouts, out, weights_holder(grid),
+                    &report);
     return true;
   });
-  dp.set_weights(whole.data());
+  for (int c = 0; c < trainer.chunks(); ++c)
+    trainer.data_parallel(c).set_weights(whole[std::size_t(c)].data());
   log::info(cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
 }
 
@@ -174,11 +182,13 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>
   CheckpointLoadReport report;
   const auto state = users_file<CheckpointState>([&] {
     return load_checkpoint<T>(config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD,
-                              {trainer.model().layout()}, owned_state<T>(trainer),
+                              trainer.layouts(), owned_state<T>(trainer),
                               state_holder(config, grid), &report);
   });
-  trainer.data_parallel().finish_step();  // ZeRO 1/2: shards -> whole parameters
-  trainer.optimizer().set_t(state.optimizer_t);
+  for (int c = 0; c < trainer.chunks(); ++c) {
+    trainer.data_parallel(c).finish_step();  // ZeRO 1/2: shards -> whole parameters
+    trainer.optimizer(c).set_t(state.optimizer_t);
+  }
   if (state.seed != std::uint64_t(config.run.seed))
     throw Error(cat("restart: ", report.path, " was written with run%seed = ", state.seed,
                     ", this run has ", config.run.seed),
@@ -195,7 +205,7 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>
 template <class T>
 void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer, std::int64_t step,
           double lr) {
-  const CheckpointState state{step, step * config.train.global_batch, trainer.optimizer().t(),
+  const CheckpointState state{step, step * config.train.global_batch, trainer.optimizer(0).t(),
                               std::uint64_t(config.run.seed), lr};
   const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
                                                  {"deck", deck::echo(config)},
@@ -203,7 +213,7 @@ void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer,
                                                  {"zero", std::to_string(config.parallel.zero)},
                                                  {"run", config.run.name}};
   const auto report =
-      save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, {trainer.model().layout()},
+      save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
                          owned_state<const T>(trainer), state_holder(config, grid), state, attrs,
                          int(config.checkpoint.keep));
   log::info(cat("checkpoint: step ", step, " ", saved(report)));
@@ -216,7 +226,7 @@ void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& tr
                                                  {"deck", deck::echo(config)},
                                                  {"grid", grid.shape().str()},
                                                  {"step", std::to_string(config.run.steps)}};
-  const auto report = save_owned_weights<T>(path, MPI_COMM_WORLD, {trainer.model().layout()},
+  const auto report = save_owned_weights<T>(path, MPI_COMM_WORLD, trainer.layouts(),
                                             owned_state<const T>(trainer, false),
                                             state_holder(config, grid), attrs);
   log::info(cat("checkpoint: final weights ", saved(report)));

@@ -133,6 +133,13 @@ void validate(Config& c, int world_size) {
   ck.require(t.global_batch % per_step == 0,
              cat("train%micro_batch*parallel%dp*parallel%ep = ", t.micro_batch, "*", p.dp, "*", p.ep, " = ",
                  per_step, " does not divide train%global_batch = ", t.global_batch));
+  if (p.pp_schedule == "interleaved" && per_step > 0 && t.global_batch % per_step == 0) {
+    const I64 per_pipeline = t.global_batch / per_step;  // micro-batches per step
+    ck.require(per_pipeline % p.pp == 0,
+               cat("parallel%pp_schedule = 'interleaved' runs micro-batches in groups of parallel%pp = ", p.pp,
+                   ": train%global_batch/(micro_batch*dp*ep) = ", t.global_batch, "/", per_step, " = ", per_pipeline,
+                   " micro-batches per step is not a multiple of it"));
+  }
 
   // Context parallel: each sequence splits into 2*cp chunks (zigzag balance).
   if (p.cp > 1) {

@@ -408,18 +408,47 @@ void DataParallel<T>::for_each_owned_grad(F&& f) {
 }
 
 template <class T>
-double DataParallel<T>::grad_norm_squared() {
-  // Each rank sums its own shard of the (reduced) gradients and the group adds them up.
-  // Under tensor parallelism the tp ranks add their shards too, and a tensor every tp rank
-  // holds whole (LayerNorm, row-parallel biases, wpe) counts once, from tp rank 0.
+double DataParallel<T>::owned_grad_sum_of_squares() {
+  // Each rank sums its own shard of the (reduced) gradients. Under tensor parallelism a
+  // tensor every tp rank holds whole (LayerNorm, row-parallel biases, wpe) counts once,
+  // from tp rank 0; the tied LM-head copy of wte counts on the embedding's stage.
   const bool skip_replicated = tp_ && tp_->size() > 1 && tp_->rank() != 0;
   double sq = 0;
   for_each_owned_grad([&](int, const model::TensorSpec& t, const K::Vec<T>& g) {
-    if (!(skip_replicated && t.tp_replicated())) sq += K::sum_of_squares<T>(g);
+    if (!(skip_replicated && t.tp_replicated()) && !t.tied_copy) sq += K::sum_of_squares<T>(g);
   });
+  return sq;
+}
+
+template <class T>
+double DataParallel<T>::grad_norm_squared() {
+  double sq = owned_grad_sum_of_squares();
   group_.all_reduce_sum_now(&sq, 1);
   if (tp_ && tp_->size() > 1) tp_->all_reduce_sum_now(&sq, 1);
   return sq;
+}
+
+template <class T>
+void DataParallel<T>::sum_tied_embedding(Comm& ends) {
+  const model::TensorSpec* wte = nullptr;
+  for (const auto& t : layout_.tensors)
+    if (t.name == "wte.weight") wte = &t;
+  if (!wte || (layout_.has_embedding && layout_.has_head)) return;
+  // The whole tensor, zero but for this rank's shard of it; summed over both ends' shards.
+  TrackedView<T> whole(MemCategory::comm, "ptrain::tied_wte", std::size_t(wte->numel));
+  K::fill(whole.view(), T(0));
+  const std::int64_t S = sizes_.shard, base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
+  const std::int64_t lo = std::max(wte->offset, r_ * S),
+                     hi = std::min(wte->offset + wte->numel, (r_ + 1) * S);
+  auto grads = store_->grads_.view();
+  if (lo < hi)
+    K::copy<T>(slice(whole.view(), lo - wte->offset, hi - wte->offset), slice(grads, lo - base, hi - base));
+  ends.all_reduce_sum(whole.data(), std::size_t(wte->numel)).wait();
+  // What this rank updates: all of wte under ZeRO 0, its shard otherwise.
+  const std::int64_t a = std::max(wte->offset, update_lo_),
+                     b = std::min(wte->offset + wte->numel, update_hi_);
+  if (a < b)
+    K::copy<T>(slice(grads, a - base, b - base), slice(whole.view(), a - wte->offset, b - wte->offset));
 }
 
 template <class T>

@@ -73,6 +73,16 @@ class DataParallel {
   void begin_micro_batch(bool last);  // ZeRO 0/1 reduce only after the last one
   void finish_gradients();            // every reduction done: update_grads() is final
   double grad_norm_squared();         // global, over the dense-grad group
+  // This rank's share of the squared global norm (no communication): the gradients of its
+  // owned range, without tied copies (counted on the stage with the embedding) and, on tp
+  // ranks other than 0, without tp-replicated tensors. Summed over every rank of the
+  // world it is the squared norm of the whole model's gradient.
+  double owned_grad_sum_of_squares();
+  // Pipeline with a tied LM head: adds the other end's gradient of wte (after
+  // finish_gradients). `ends` holds the dense-grad groups of the first and the last stage
+  // with this tp rank; each rank contributes its shard of wte, every rank takes back what it
+  // updates. No-op for a chunk without wte.
+  void sum_tied_embedding(Comm& ends);
   // Index in layout().tensors of the first tensor with a NaN or infinite gradient in the
   // range this rank owns, or -1 (local: no communication).
   int first_nonfinite_grad();

@@ -1,12 +1,15 @@
 #include "parallel/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <thread>
 #include <limits>
+#include <thread>
+#include <tuple>
 
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
+#include "util/mpi.hpp"
 #include "util/profile.hpp"
 #include "util/signals.hpp"
 #include "util/timer.hpp"
@@ -40,8 +43,9 @@ void check_supported(const Config& c, int world_size) {
   auto no = [](bool asked, const char* what) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
-  no(c.parallel.pp > 1 || c.parallel.cp > 1 || c.parallel.ep > 1,
-     "training with parallel%pp, cp or ep > 1 (data and tensor parallelism so far; --plan works)");
+  no(c.parallel.cp > 1 || c.parallel.ep > 1,
+     "training with parallel%cp or ep > 1 (data, tensor and pipeline parallelism so far; "
+     "--plan works)");
   (void)world_size;
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
   no(c.train.recompute != "none", "train%recompute other than 'none'");
@@ -54,19 +58,56 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
     : config_(config),
       grid_(grid),
       dense_grad_(grid.comm(GroupKind::dense_grad), "dense-grad"),
-      batch_(grid.comm(GroupKind::batch), "batch"),
       tp_(grid.comm(GroupKind::tp), "tp"),
-      dp_(config, dense_grad_, model::build_layout(config, shard_coord(config, grid)).at(0), &tp_),
-      model_(config, shard_coord(config, grid), dp_.layout(), int(config.train.micro_batch), 1,
-             dp_.store(), &tp_),
+      pp_(grid.comm(GroupKind::pp), "pp"),
       data_(data::open_source(data::spec_from_config(config))),
-      schedule_(optim::schedule_from_config(config)) {
-  optimizer_ = optim::make_optimizer<T>(config.train.optimizer, decay_segments(model_.layout()),
-                                        std::size_t(dp_.update_lo()), std::size_t(dp_.update_hi()),
-                                        optim::hyper_from_config(config));
+      lr_schedule_(optim::schedule_from_config(config)) {
+  const model::ShardCoord coord = shard_coord(config, grid);
+  const int P = coord.P, v = coord.virtual_stages, mb = int(config.train.micro_batch);
+  // Micro-batches per step: the deck makes every batch rank's slice a multiple of mb.
+  const int m = int(my_slice(config.train.global_batch).second / mb);
+  const ScheduleKind kind =
+      P == 1 ? ScheduleKind::one_f_one_b : schedule_kind(config.parallel.pp_schedule);
+  schedule_ = make_schedule(kind, P, m, v);
+  const ScheduleCheck check = check_schedule(schedule_, P, m, v);
+  PTRAIN_REQUIRE(check.error.empty(), "pipeline schedule: ", check.error);
+
+  std::vector<typename PipelineExecutor<T>::Chunk> executed;
+  for (const model::ChunkLayout& layout : model::build_layout(config, coord)) {
+    Chunk ch;
+    ch.dp = std::make_unique<DataParallel<T>>(config, dense_grad_, layout, &tp_);
+    // Activation slots: the most micro-batches this chunk has in flight in the schedule.
+    const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
+    ch.stage = std::make_unique<model::Stage<T>>(config, coord, ch.dp->layout(), mb, slots,
+                                                 ch.dp->store(), &tp_);
+    ch.optimizer = optim::make_optimizer<T>(
+        config.train.optimizer, decay_segments(layout), std::size_t(ch.dp->update_lo()),
+        std::size_t(ch.dp->update_hi()), optim::hyper_from_config(config));
+    executed.push_back({ch.stage.get(), ch.dp.get()});
+    chunks_.push_back(std::move(ch));
+  }
+  pipeline_ = std::make_unique<PipelineExecutor<T>>(pp_, std::move(executed),
+                                                    schedule_[std::size_t(coord.p)], mb);
+  if (P > 1) {
+    // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
+    // groups with this tp rank sum its gradient.
+    const bool end = coord.p == 0 || coord.p == P - 1;
+    MPI_Comm ends = MPI_COMM_NULL;
+    mpi::check(MPI_Comm_split(grid.cart(), end ? coord.t : MPI_UNDEFINED, grid.world_rank(), &ends),
+               "trainer: MPI_Comm_split (tied embedding)");
+    ends_comm_ = Communicator(ends);
+    if (end) ends_ = std::make_unique<MpiComm>(ends, "embed");
+  }
   const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len);
   inputs_.resize(n);
   targets_.resize(n);
+}
+
+template <class T>
+std::vector<model::ChunkLayout> Trainer<T>::layouts() const {
+  std::vector<model::ChunkLayout> out;
+  for (const auto& ch : chunks_) out.push_back(ch.stage->layout());
+  return out;
 }
 
 template <class T>
@@ -79,67 +120,81 @@ std::pair<std::int64_t, std::int64_t> Trainer<T>::my_slice(std::int64_t n) const
 }
 
 template <class T>
+void Trainer<T>::finish_gradients() {
+  for (auto& ch : chunks_) ch.dp->finish_gradients();
+  if (ends_)
+    for (auto& ch : chunks_) ch.dp->sum_tied_embedding(*ends_);
+}
+
+template <class T>
+std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
+  // The loss comes from the last stage, the same on every tp rank: counted once, from tp
+  // rank 0. Each rank's share of the norm covers what it owns (DataParallel).
+  double v[2] = {grid_.coord(Axis::t) == 0 ? loss_sum : 0.0, 0.0};
+  for (auto& ch : chunks_) v[1] += ch.dp->owned_grad_sum_of_squares();
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, grid_.cart()),
+             "trainer: MPI_Allreduce (loss and gradient norm)");
+  return {v[0], v[1]};
+}
+
+template <class T>
 StepResult Trainer<T>::step(std::int64_t s) {
   StepResult r;
   r.step = s;
   const double t0 = wall_seconds();
   const std::int64_t S = config_.model.seq_len, mb = config_.train.micro_batch;
-  const std::int64_t global = config_.train.global_batch;
-  r.tokens = global * S;
+  r.tokens = config_.train.global_batch * S;
   const T dloss = T(1.0 / double(r.tokens));  // d(mean loss) / d(token loss)
 
   if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
     std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
-  dp_.begin_step();
-  const auto [first, count] = my_slice(global);  // the deck makes count a multiple of mb
-  double loss_sum = 0;
-  Stopwatch fwd, bwd, opt;
-  for (std::int64_t j = 0; j < count; j += mb) {
-    const int B = int(std::min(mb, count - j));
+  for (auto& ch : chunks_) ch.dp->begin_step();
+  const auto [first, count] = my_slice(config_.train.global_batch);
+  MicroBatches mbs;
+  mbs.count = int(count / mb);
+  mbs.samples = [mb](int) { return int(mb); };
+  mbs.fetch = [&, first = first](int i) {
     profile::region("data", [&] {
-      data::fetch(*data_, data::Split::train, s, first + j, B, inputs_.data(), targets_.data());
+      data::fetch(*data_, data::Split::train, s, first + i * mb, int(mb), inputs_.data(),
+                  targets_.data());
     });
-    fwd.start();
-    loss_sum += model_.forward(0, {inputs_.data(), targets_.data(), B});
-    Kokkos::fence();
-    fwd.stop();
-    bwd.start();
-    dp_.begin_micro_batch(j + mb >= count);
-    model_.backward(0, dloss);
-    if (config_.run.debug_fail_rank == grid_.world_rank())
-      throw Error(cat("run%debug_fail_rank: rank ", grid_.world_rank(),
-                      " fails on purpose in the backward of step ", s));
-    Kokkos::fence();
-    bwd.stop();
-  }
-  profile::region("grad-sync", [&] { dp_.finish_gradients(); });
-  batch_.all_reduce_sum_now(&loss_sum, 1);
-  r.loss = loss_sum / double(r.tokens);
+    return model::MicroBatch{inputs_.data(), targets_.data(), int(mb)};
+  };
+  const double loss_sum = pipeline_->train(mbs, dloss);
+  if (config_.run.debug_fail_rank == grid_.world_rank())
+    throw Error(cat("run%debug_fail_rank: rank ", grid_.world_rank(),
+                    " fails on purpose after the backward of step ", s));
+  std::tie(r.t_forward, r.t_backward) = pipeline_->take_compute_seconds();
+  profile::region("grad-sync", [&] { finish_gradients(); });
 
+  Stopwatch opt;
   opt.start();
-  auto grads = dp_.update_grads();
   if (s == config_.run.debug_nan_step && grid_.world_rank() == 0)
-    Kokkos::deep_copy(Kokkos::subview(grads, 0), std::numeric_limits<T>::quiet_NaN());
-  r.grad_norm = std::sqrt(dp_.grad_norm_squared());
-  r.lr = schedule_.at(s);
+    Kokkos::deep_copy(Kokkos::subview(data_parallel(0).update_grads(), 0),
+                      std::numeric_limits<T>::quiet_NaN());
+  const auto [loss, norm_squared] = loss_and_norm_squared(loss_sum);
+  r.loss = loss / double(r.tokens);
+  r.grad_norm = std::sqrt(norm_squared);
+  r.lr = lr_schedule_.at(s);
   // Loss and norm are the same on every rank, so every rank takes the same decision.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     skip_nonfinite(r);
   } else {
     consecutive_skips_ = 0;
-    profile::region("clip", [&] {
-      const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
-      if (factor != 1.0) kernels::scale<T>(grads, T(factor));
-    });
-    profile::region("optimizer", [&] { optimizer_->step(dp_.update_params(), grads, r.lr); });
-    profile::region("param-gather", [&] { dp_.finish_step(); });
+    const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
+    for (auto& ch : chunks_) {
+      auto grads = ch.dp->update_grads();
+      profile::region("clip", [&] {
+        if (factor != 1.0) kernels::scale<T>(grads, T(factor));
+      });
+      profile::region("optimizer", [&] { ch.optimizer->step(ch.dp->update_params(), grads, r.lr); });
+      profile::region("param-gather", [&] { ch.dp->finish_step(); });
+    }
   }
   Kokkos::fence();
   opt.stop();
-  r.comm_overlap = dp_.overlap_fraction();
-
-  r.t_forward = fwd.total();
-  r.t_backward = bwd.total();
+  r.comm_overlap = 1;
+  for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
   return r;
@@ -156,16 +211,23 @@ void Trainer<T>::skip_nonfinite(StepResult& r) {
     r.skipped = true;
     return;
   }
+  // The first non-finite gradient in model order: chunk by global chunk, tensor by tensor.
   struct {
-    int tensor, rank;
-  } first{dp_.first_nonfinite_grad(), grid_.world_rank()};
-  if (first.tensor < 0) first.tensor = std::numeric_limits<int>::max();
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD);
-  const auto& tensors = dp_.layout().tensors;
+    int key, rank;
+  } first{std::numeric_limits<int>::max(), grid_.world_rank()};
+  std::string name;
+  for (std::size_t c = chunks_.size(); c-- > 0;) {
+    const int i = chunks_[c].dp->first_nonfinite_grad();
+    if (i < 0) continue;
+    const int global = int(c) * grid_.size(Axis::p) + grid_.coord(Axis::p);
+    first.key = (global << 20) + i;
+    name = chunks_[c].dp->layout().tensors[std::size_t(i)].name;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_2INT, MPI_MINLOC, grid_.cart());
+  name = mpi::broadcast(grid_.cart(), first.rank, name);
   const std::string where =
-      first.tensor < int(tensors.size())
-          ? cat("; the first non-finite gradient is ", tensors[std::size_t(first.tensor)].name,
-                " on rank ", first.rank)
+      first.key < std::numeric_limits<int>::max()
+          ? cat("; the first non-finite gradient is ", name, " on rank ", first.rank)
           : std::string("; every gradient is finite (the loss is not)");
   throw Error(cat("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, where,
                   skip ? cat(" (", config_.train.max_skips, " steps skipped in a row)")
@@ -185,21 +247,34 @@ double Trainer<T>::evaluate() {
   // whose slice is shorter repeats its first sample and discards that loss.
   const std::int64_t ranks = grid_.group_size(GroupKind::batch);
   const std::int64_t passes = ((n + ranks - 1) / ranks + mb - 1) / mb;
+  const std::int64_t group = grid_.size(Axis::p);  // passes in flight through the pipeline
   double loss_sum = 0;
-  for (std::int64_t k = 0; k < passes; ++k) {
+  for (std::int64_t k0 = 0; k0 < passes; k0 += group) {
     // A stop signal (time limit) must not wait for a long validation: every rank agrees
-    // before each pass and leaves together.
-    if (signals::agreed_stop_signal(MPI_COMM_WORLD)) return std::nan("");
-    const std::int64_t j = k * mb;
-    const int B = int(std::max<std::int64_t>(1, std::min(mb, count - j)));
-    const bool real = j < count;
-    data::fetch(*data_, data::Split::val, 0, real ? first + j : first, B, inputs_.data(),
-                targets_.data());
-    const double l = model_.forward(0, {inputs_.data(), targets_.data(), B}, false);
-    if (real) loss_sum += l;
+    // before each group of passes and leaves together.
+    if (signals::agreed_stop_signal(grid_.cart())) return std::nan("");
+    MicroBatches mbs;
+    mbs.count = int(std::min(group, passes - k0));
+    mbs.samples = [&, k0 = k0, count = count](int i) {
+      const std::int64_t j = (k0 + i) * mb;
+      return int(std::max<std::int64_t>(1, std::min(mb, count - j)));
+    };
+    mbs.fetch = [&, k0 = k0, first = first, count = count](int i) {
+      const std::int64_t j = (k0 + i) * mb;
+      const int B = mbs.samples(i);
+      data::fetch(*data_, data::Split::val, 0, j < count ? first + j : first, B, inputs_.data(),
+                  targets_.data());
+      return model::MicroBatch{inputs_.data(), targets_.data(), B};
+    };
+    const std::vector<double> losses = pipeline_->forward_only(mbs);
+    for (int i = 0; i < mbs.count; ++i)
+      if ((k0 + i) * mb < count) loss_sum += losses[std::size_t(i)];
   }
-  batch_.all_reduce_sum_now(&loss_sum, 1);
-  return loss_sum / double(n * S);
+  pipeline_->take_compute_seconds();
+  double v = grid_.coord(Axis::t) == 0 ? loss_sum : 0.0;
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, grid_.cart()),
+             "trainer: MPI_Allreduce (validation loss)");
+  return v / double(n * S);
 }
 
 template class Trainer<float>;

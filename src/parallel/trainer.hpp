@@ -1,7 +1,8 @@
 // parallel/trainer.hpp — one training step on this rank: the micro-batches of its slice of
-// the global batch, forward/backward with gradient accumulation, clipping by the global
-// norm, the optimizer update. The loss is the mean over every token of the global batch
-// (ARCHITECTURE.md section 3), whatever the grid.
+// the global batch through this rank's pipeline chunks (parallel/pipeline.hpp runs the
+// schedule; one stage and forward-backward per micro-batch without a pipeline), gradient
+// reduction, clipping by the global norm, the optimizer update. The loss is the mean over
+// every token of the global batch, whatever the grid.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,6 +15,8 @@
 #include "model/stage.hpp"
 #include "optim/optim.hpp"
 #include "parallel/data_parallel.hpp"
+#include "parallel/pipeline.hpp"
+#include "parallel/schedule.hpp"
 
 namespace ptrain::parallel {
 
@@ -28,8 +31,8 @@ struct StepResult {
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
-// cannot train yet: pipeline, context or expert parallelism, mixture of experts,
-// recomputation, a device other than the CPU, bf16.
+// cannot train yet: context or expert parallelism, mixture of experts, recomputation, a
+// device other than the CPU, bf16.
 void check_supported(const Config& config, int world_size);
 
 template <class T>
@@ -37,28 +40,43 @@ class Trainer {
  public:
   Trainer(const Config& config, const Grid& grid);
 
-  model::Stage<T>& model() { return model_; }  // this rank's one stage (no pipeline yet)
-  DataParallel<T>& data_parallel() { return dp_; }
+  // This rank's model chunks (virtual_stages of them with the interleaved schedule, else
+  // one), each with its stage, data-parallel engine and optimizer.
+  int chunks() const { return int(chunks_.size()); }
+  model::Stage<T>& stage(int c = 0) { return *chunks_.at(std::size_t(c)).stage; }
+  DataParallel<T>& data_parallel(int c = 0) { return *chunks_.at(std::size_t(c)).dp; }
+  optim::Optimizer<T>& optimizer(int c = 0) { return *chunks_.at(std::size_t(c)).optimizer; }
+  std::vector<model::ChunkLayout> layouts() const;
+  const std::vector<OpList>& schedule() const { return schedule_; }  // every pipeline rank's
   const data::TokenSource& data() const { return *data_; }
-  optim::Optimizer<T>& optimizer() { return *optimizer_; }
 
   StepResult step(std::int64_t s);  // optimizer step s (1-based)
   double evaluate();  // mean loss over the validation samples; NaN when a stop signal came
   bool can_evaluate() const { return data_->has_val(); }
 
  private:
+  struct Chunk {
+    std::unique_ptr<DataParallel<T>> dp;
+    std::unique_ptr<model::Stage<T>> stage;
+    std::unique_ptr<optim::Optimizer<T>> optimizer;
+  };
+  void finish_gradients();
+  // Loss sum and the squared gradient norm, summed over every rank at once.
+  std::pair<double, double> loss_and_norm_squared(double loss_sum);
   void skip_nonfinite(StepResult& r);  // or throws (train%nonfinite)
   // This rank's contiguous slice [first, first+count) of n samples.
   std::pair<std::int64_t, std::int64_t> my_slice(std::int64_t n) const;
 
   const Config& config_;
   const Grid& grid_;
-  MpiComm dense_grad_, batch_, tp_;  // gradient reduction; loss sums; tensor parallelism
-  DataParallel<T> dp_;
-  model::Stage<T> model_;
+  MpiComm dense_grad_, tp_, pp_;  // gradient reduction; tensor parallelism; pipeline
+  Communicator ends_comm_;                // the tied embedding's two ends (pipeline)
+  std::unique_ptr<MpiComm> ends_;
+  std::vector<Chunk> chunks_;
+  std::vector<OpList> schedule_;
+  std::unique_ptr<PipelineExecutor<T>> pipeline_;
   std::unique_ptr<data::TokenSource> data_;
-  std::unique_ptr<optim::Optimizer<T>> optimizer_;
-  optim::LrSchedule schedule_;
+  optim::LrSchedule lr_schedule_;
   std::vector<std::int32_t> inputs_, targets_;  // one micro-batch, host
   std::int64_t consecutive_skips_ = 0;
 };

@@ -1,0 +1,315 @@
+// ptrain-test: np=1 labels=quick timeout=60
+// Pipeline schedules as data: every kind passes the checker over a grid of shapes, the
+// simulated bubbles match the textbook formulas, broken lists are refused with the first
+// violation named, and the --plan picture shows the staircase.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <ostream>
+#include <sstream>
+#include <string>
+
+#include "parallel/schedule.hpp"
+#include "util/error.hpp"
+
+namespace ptrain::parallel {
+// Ops print readably in gtest failures.
+void PrintTo(const Op& op, std::ostream* os) {
+  *os << "{kind " << int(op.kind) << ", mb " << op.mb << ", chunk " << op.chunk << ", peer "
+      << op.peer << "}";
+}
+}  // namespace ptrain::parallel
+
+using namespace ptrain;
+using namespace ptrain::parallel;
+
+namespace {
+
+constexpr ScheduleKind kGpipe = ScheduleKind::gpipe, k1f1b = ScheduleKind::one_f_one_b,
+                       kInterleaved = ScheduleKind::interleaved;
+
+// "text contains part", printing both when it does not.
+testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "'" << text << "' lacks '" << part << "'";
+}
+
+double ideal_bubble(int P, int m, int v) { return double(P - 1) / double(v * m + P - 1); }
+
+// A rank's computes as "F0 F1 B0 ..." ("F0.1" with chunks), messages left out.
+std::string computes(const OpList& ops, int v) {
+  std::string s;
+  for (const Op& op : ops) {
+    if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+    s += cat(s.empty() ? "" : " ", op.kind == OpKind::forward ? "F" : "B", op.mb,
+             v > 1 ? cat(".", op.chunk) : "");
+  }
+  return s;
+}
+
+// Index of the first op equal to `op` in `ops` (the test fails when there is none).
+std::size_t index_of(const OpList& ops, const Op& op) {
+  const auto it = std::find(ops.begin(), ops.end(), op);
+  EXPECT_NE(it, ops.end());
+  return std::size_t(it - ops.begin());
+}
+
+}  // namespace
+
+TEST(Schedule, NamesParseAndUnknownOnesAreInputErrors) {
+  EXPECT_EQ(schedule_kind("gpipe"), kGpipe);
+  EXPECT_EQ(schedule_kind("1f1b"), k1f1b);
+  EXPECT_EQ(schedule_kind("interleaved"), kInterleaved);
+  try {
+    schedule_kind("1F1B");
+    FAIL() << "accepted '1F1B'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitInput);
+    EXPECT_TRUE(contains(e.what(), "'1F1B'"));
+  }
+}
+
+TEST(Schedule, UnschedulableShapesNameTheirRule) {
+  EXPECT_EQ(schedule_error(k1f1b, 4, 8, 1), "");
+  EXPECT_TRUE(contains(schedule_error(k1f1b, 4, 8, 2), "one chunk per rank, not v = 2"));
+  EXPECT_TRUE(contains(schedule_error(kGpipe, 0, 8, 1), "P = 0"));
+  EXPECT_TRUE(contains(schedule_error(kGpipe, 2, 0, 1), "m = 0"));
+  EXPECT_TRUE(contains(schedule_error(kInterleaved, 2, 4, 0), "v = 0"));
+  EXPECT_TRUE(contains(schedule_error(kInterleaved, 4, 6, 2),
+                       "micro-batches (m = 6) must be a multiple of the pipeline ranks (P = 4)"));
+  try {
+    make_schedule(kInterleaved, 4, 6, 2);
+    FAIL() << "made an interleaved schedule with m % P != 0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitInput);
+    EXPECT_EQ(std::string(e.what()), schedule_error(kInterleaved, 4, 6, 2));
+  }
+}
+
+TEST(Schedule, OneFOneBListsAreTheTextbookOnes) {
+  // P = 2, m = 3: rank 0 warms up with one forward; receives sit right after the previous
+  // compute and its send.
+  const std::vector<OpList> l = make_schedule(k1f1b, 2, 3, 1);
+  const OpKind F = OpKind::forward, B = OpKind::backward, sa = OpKind::send_act,
+               ra = OpKind::recv_act, sg = OpKind::send_grad, rg = OpKind::recv_grad;
+  const OpList rank0 = {{F, 0, 0, -1}, {sa, 0, 0, 1}, {F, 1, 0, -1}, {sa, 1, 0, 1},
+                        {rg, 0, 0, 1}, {B, 0, 0, -1}, {F, 2, 0, -1}, {sa, 2, 0, 1},
+                        {rg, 1, 0, 1}, {B, 1, 0, -1}, {rg, 2, 0, 1}, {B, 2, 0, -1}};
+  const OpList rank1 = {{ra, 0, 0, 0}, {F, 0, 0, -1}, {B, 0, 0, -1}, {sg, 0, 0, 0},
+                        {ra, 1, 0, 0}, {F, 1, 0, -1}, {B, 1, 0, -1}, {sg, 1, 0, 0},
+                        {ra, 2, 0, 0}, {F, 2, 0, -1}, {B, 2, 0, -1}, {sg, 2, 0, 0}};
+  EXPECT_EQ(l[0], rank0);
+  EXPECT_EQ(l[1], rank1);
+}
+
+TEST(Schedule, InterleavedFollowsMegatronsOrder) {
+  // P = 2, m = 4, v = 2, rank 0: warmup (2-0-1)*2 + (2-1)*2 = 4 forwards of micro-batches
+  // 0,1 through chunk 0 then chunk 1; backwards visit chunk 1 first.
+  const std::vector<OpList> l = make_schedule(kInterleaved, 2, 4, 2);
+  EXPECT_EQ(computes(l[0], 2),
+            "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  // Rank 1: warmup (v-1)*P = 2.
+  EXPECT_EQ(computes(l[1], 2),
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+}
+
+TEST(Schedule, OnePipelineRankHasNoMessages) {
+  for (auto [kind, v] : {std::pair{kGpipe, 1}, {k1f1b, 1}, {kInterleaved, 3}}) {
+    const std::vector<OpList> l = make_schedule(kind, 1, 4, v);
+    ASSERT_EQ(l.size(), 1u);
+    EXPECT_EQ(l[0].size(), std::size_t(2 * 4 * v));
+    EXPECT_EQ(check_schedule(l, 1, 4, v).error, "");
+  }
+}
+
+TEST(Schedule, GpipeAndOneFOneBPassWithTheirActivationCounts) {
+  for (int P = 1; P <= 8; ++P)
+    for (int m = 1; m <= 16; ++m) {
+      const ScheduleCheck g = check_schedule(make_schedule(kGpipe, P, m, 1), P, m, 1);
+      const ScheduleCheck o = check_schedule(make_schedule(k1f1b, P, m, 1), P, m, 1);
+      ASSERT_EQ(g.error, "") << "gpipe P=" << P << " m=" << m;
+      ASSERT_EQ(o.error, "") << "1f1b P=" << P << " m=" << m;
+      ASSERT_EQ(g.in_flight.size(), std::size_t(P));
+      for (int r = 0; r < P; ++r) {
+        EXPECT_EQ(g.in_flight[r], std::vector<int>{m}) << "gpipe P=" << P << " m=" << m;
+        EXPECT_EQ(o.in_flight[r], std::vector<int>{std::min(P - r, m)})
+            << "1f1b P=" << P << " m=" << m << " rank " << r;
+      }
+    }
+}
+
+TEST(Schedule, InterleavedPasses) {
+  for (int P = 1; P <= 8; ++P)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = P; m <= 16; m += P) {
+        const ScheduleCheck c = check_schedule(make_schedule(kInterleaved, P, m, v), P, m, v);
+        ASSERT_EQ(c.error, "") << "P=" << P << " m=" << m << " v=" << v;
+        ASSERT_EQ(c.in_flight.size(), std::size_t(P));
+        for (int r = 0; r < P; ++r) {
+          ASSERT_EQ(c.in_flight[r].size(), std::size_t(v));
+          // Never more than the warmup plus the one forward of the steady state.
+          int slots = 0;
+          for (int n : c.in_flight[r]) slots += n;
+          EXPECT_LE(slots, std::min((P - r - 1) * 2 + (v - 1) * P + 1, m * v) * v);
+          for (int n : c.in_flight[r]) EXPECT_GE(n, 1);
+        }
+      }
+}
+
+TEST(Schedule, GpipeAndOneFOneBBubbleIsExactlyTheFormula) {
+  // Messages free, every rank computes m forwards and m backwards, so a rank's idle time
+  // is the makespan minus m*(tf+tb); both schedules finish in (m+P-1)*(tf+tb), i.e. the
+  // bubble is (P-1)/(m+P-1) on every rank.
+  for (int P = 1; P <= 8; ++P)
+    for (int m = 1; m <= 16; ++m)
+      for (ScheduleKind kind : {kGpipe, k1f1b}) {
+        const ScheduleTiming t = simulate_schedule(make_schedule(kind, P, m, 1), P, m, 1, 1, 2);
+        EXPECT_DOUBLE_EQ(t.makespan, 3.0 * (m + P - 1));
+        EXPECT_NEAR(t.bubble, ideal_bubble(P, m, 1), 1e-12) << "P=" << P << " m=" << m;
+        ASSERT_EQ(t.idle_fraction.size(), std::size_t(P));
+        for (double f : t.idle_fraction) EXPECT_NEAR(f, t.bubble, 1e-12);
+      }
+}
+
+TEST(Schedule, InterleavedBubbleIsSmallerAndMatchesTheFormula) {
+  // (P-1)/(v*m+P-1) is the idealised bubble: the fill and drain cost (P-1) chunk forwards
+  // and backwards. With free messages our interleaved lists reach it: the makespan is
+  // (v*m+P-1)*(tf+tb). The tolerance, 1e-9, is floating-point rounding only, so a schedule
+  // change that adds idle time shows here.
+  for (int P = 2; P <= 8; ++P)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = P; m <= 16; m += P) {
+        const ScheduleTiming t =
+            simulate_schedule(make_schedule(kInterleaved, P, m, v), P, m, v, 1, 2);
+        const ScheduleTiming base = simulate_schedule(make_schedule(k1f1b, P, m, 1), P, m, 1, 1, 2);
+        EXPECT_LT(t.bubble, base.bubble) << "P=" << P << " m=" << m << " v=" << v;
+        EXPECT_NEAR(t.bubble, ideal_bubble(P, m, v), 1e-9) << "P=" << P << " m=" << m << " v=" << v;
+      }
+}
+
+TEST(Schedule, SwappingTwoNonBlockingOpsIsAllowed) {
+  // Sends and receives never block, so their order among themselves is free: rank 1's
+  // send_act of mb 0 after the recv_act of mb 1 is still a valid list.
+  std::vector<OpList> l = make_schedule(kGpipe, 3, 2, 1);
+  const std::size_t send = index_of(l[1], {OpKind::send_act, 0, 0, 2});
+  ASSERT_EQ(l[1][send + 1], (Op{OpKind::recv_act, 1, 0, 0}));
+  std::swap(l[1][send], l[1][send + 1]);
+  EXPECT_EQ(check_schedule(l, 3, 2, 1).error, "");
+}
+
+TEST(Schedule, SendBeforeItsComputeIsRefused) {
+  // (a) rank 1's recv_act and send_act of mb 0 exchanged: the send now precedes its forward.
+  std::vector<OpList> l = make_schedule(kGpipe, 3, 2, 1);
+  ASSERT_EQ(l[1][0], (Op{OpKind::recv_act, 0, 0, 0}));
+  ASSERT_EQ(l[1][2], (Op{OpKind::send_act, 0, 0, 2}));
+  std::swap(l[1][0], l[1][2]);
+  EXPECT_EQ(check_schedule(l, 3, 2, 1).error,
+            "rank 1: send_act mb 0 chunk 0 to rank 2 before its forward (op 1)");
+}
+
+TEST(Schedule, ReceiveTurnedIntoASendIsRefused) {
+  // (a) rank 1's recv_act of mb 0 (from rank 0) made a send_act to rank 0: activations go
+  // to the next stage, on rank 2.
+  std::vector<OpList> l = make_schedule(kGpipe, 3, 2, 1);
+  l[1][0].kind = OpKind::send_act;
+  EXPECT_EQ(check_schedule(l, 3, 2, 1).error,
+            "rank 1: op 0: send_act mb 0 chunk 0 to rank 0: global chunk 2 is on rank 2");
+  // The last stage sends no activation at all.
+  l = make_schedule(kGpipe, 2, 2, 1);
+  l[1][0].kind = OpKind::send_act;
+  EXPECT_EQ(check_schedule(l, 2, 2, 1).error,
+            "rank 1: op 0: send_act mb 0 chunk 0 to rank 0: global chunk 1 has no next stage");
+}
+
+TEST(Schedule, MissingReceiveIsRefused) {
+  // (b) rank 0 drops its recv_grad of mb 2: rank 1's send_grad has nothing to match.
+  std::vector<OpList> l = make_schedule(k1f1b, 2, 4, 1);
+  l[0].erase(l[0].begin() + std::ptrdiff_t(index_of(l[0], {OpKind::recv_grad, 2, 0, 1})));
+  EXPECT_EQ(check_schedule(l, 2, 4, 1).error,
+            "rank 1: send_grad mb 2 chunk 0 to rank 0 has no matching recv (recv_grad mb 2 "
+            "chunk 0 from rank 1 on rank 0)");
+  // Without the send either, the backward is the one left without its message.
+  l[1].erase(l[1].begin() + std::ptrdiff_t(index_of(l[1], {OpKind::send_grad, 2, 0, 0})));
+  EXPECT_EQ(check_schedule(l, 2, 4, 1).error, "rank 0: backward mb 2 chunk 0 has no recv_grad");
+}
+
+TEST(Schedule, CrossedOrdersDeadlock) {
+  // (c) rank 0 runs B0 before F1; rank 1 runs F1 before B0. Rank 0 waits for the grad of
+  // mb 0, which rank 1 sends after B0, which it runs after F1, whose activation rank 0
+  // sends only after its B0.
+  const OpKind F = OpKind::forward, B = OpKind::backward, sa = OpKind::send_act,
+               ra = OpKind::recv_act, sg = OpKind::send_grad, rg = OpKind::recv_grad;
+  const std::vector<OpList> l = {{{F, 0, 0, -1},
+                                  {sa, 0, 0, 1},
+                                  {rg, 0, 0, 1},
+                                  {rg, 1, 0, 1},
+                                  {B, 0, 0, -1},
+                                  {F, 1, 0, -1},
+                                  {sa, 1, 0, 1},
+                                  {B, 1, 0, -1}},
+                                 {{ra, 0, 0, 0},
+                                  {ra, 1, 0, 0},
+                                  {F, 0, 0, -1},
+                                  {F, 1, 0, -1},
+                                  {B, 0, 0, -1},
+                                  {sg, 0, 0, 0},
+                                  {B, 1, 0, -1},
+                                  {sg, 1, 0, 0}}};
+  EXPECT_EQ(check_schedule(l, 2, 2, 1).error,
+            "deadlock: rank 0 waits at op 4 (backward mb 0 chunk 0) for rank 1, rank 1 waits "
+            "at op 3 (forward mb 1 chunk 0) for rank 0");
+  EXPECT_THROW(simulate_schedule(l, 2, 2, 1), Error);
+}
+
+TEST(Schedule, ForwardBeforeItsReceiveIsPostedIsRefused) {
+  // (d) rank 1 posts the recv_act of mb 1 after the forward that needs it.
+  std::vector<OpList> l = make_schedule(k1f1b, 2, 4, 1);
+  const std::size_t recv = index_of(l[1], {OpKind::recv_act, 1, 0, 0});
+  ASSERT_EQ(l[1][recv + 1], (Op{OpKind::forward, 1, 0, -1}));
+  std::swap(l[1][recv], l[1][recv + 1]);
+  EXPECT_EQ(check_schedule(l, 2, 4, 1).error,
+            cat("rank 1: forward mb 1 chunk 0 before its recv_act is posted (op ", recv + 1, ")"));
+}
+
+TEST(Schedule, OneRankChunksRunInOrder) {
+  // P = 1, v = 2: chunk 1's forward consumes chunk 0's on the same rank.
+  std::vector<OpList> l = make_schedule(kInterleaved, 1, 2, 2);
+  ASSERT_EQ(l[0][0], (Op{OpKind::forward, 0, 0, -1}));
+  ASSERT_EQ(l[0][1], (Op{OpKind::forward, 0, 1, -1}));
+  std::swap(l[0][0], l[0][1]);
+  EXPECT_EQ(check_schedule(l, 1, 2, 2).error,
+            "rank 0: forward mb 0 chunk 1 before forward mb 0 chunk 0 (op 1), whose output it "
+            "consumes");
+}
+
+TEST(Schedule, MissingComputesAndRepeatsAreRefused) {
+  std::vector<OpList> l = make_schedule(kGpipe, 1, 3, 1);
+  l[0].pop_back();  // backward mb 2
+  EXPECT_EQ(check_schedule(l, 1, 3, 1).error, "rank 0: backward mb 2 chunk 0 is missing");
+  l[0].push_back({OpKind::backward, 1, 0, -1});
+  EXPECT_EQ(check_schedule(l, 1, 3, 1).error, "rank 0: op 5 (backward mb 1 chunk 0) repeats op 4");
+  EXPECT_EQ(check_schedule(l, 2, 3, 1).error, "expected one list per pipeline rank (P = 2), got 1");
+}
+
+TEST(Schedule, FormatShowsTheStaircase) {
+  const std::vector<OpList> l = make_schedule(kGpipe, 4, 8, 1);
+  const std::string text = format_schedule(l, 4, 8, 1);
+  std::vector<std::string> rows;
+  for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1)
+    rows.push_back(text.substr(at, end - at));
+  ASSERT_EQ(rows.size(), 4u) << text;
+  EXPECT_EQ(rows[0].rfind("rank 0 | F0 F1 F2 F3 F4 F5 F6 F7 .. ", 0), 0u) << text;
+  EXPECT_EQ(rows[3].rfind("rank 3 | .. .. .. F0 F1", 0), 0u) << text;
+  // Every row spans the makespan, (m+P-1)*3 = 33 cells; a backward fills two of them.
+  for (const std::string& row : rows) {
+    std::istringstream cells(row.substr(row.find('|') + 1));
+    int n = 0;
+    for (std::string cell; cells >> cell;) ++n;
+    EXPECT_EQ(n, 33) << row;
+  }
+  EXPECT_TRUE(contains(rows[3], "F7 B0 B0 B1 B1"));
+  const std::string with_ops = format_schedule(l, 4, 8, 1, true);
+  EXPECT_TRUE(contains(with_ops, "rank 1 ops: ra0<0 F0 sa0>2 ra1<0 F1"));
+  EXPECT_TRUE(contains(format_schedule(make_schedule(kInterleaved, 2, 2, 2), 2, 2, 2),
+                       "rank 0 | F0.0 F1.0 F0.1"));
+}

@@ -1,0 +1,229 @@
+#include "parallel/pipeline.hpp"
+
+#include <algorithm>
+
+#include "kernels/kernels.hpp"
+#include "util/error.hpp"
+#include "util/trace.hpp"
+#include "util/timer.hpp"
+
+namespace ptrain::parallel {
+
+namespace K = kernels;
+
+namespace {
+
+template <class T>
+K::Vec<T> head_of(const K::Vec<T>& v, std::int64_t n) {
+  return Kokkos::subview(v, Kokkos::make_pair(std::int64_t(0), n));
+}
+
+// A forward or backward as a run%trace event: "F3" / "B3" (".1" for chunk 1 of several).
+void trace_op(bool backward, int mb, int chunk, int chunks, double t0) {
+  if (!trace::enabled()) return;
+  Kokkos::fence();
+  trace::record(cat(backward ? "B" : "F", mb, chunks > 1 ? cat(".", chunk) : std::string()),
+                backward ? "backward" : "forward", t0, wall_seconds());
+}
+
+}  // namespace
+
+template <class T>
+PipelineExecutor<T>::PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpList ops,
+                                      int micro_batch)
+    : pp_(pp),
+      chunks_(std::move(chunks)),
+      ops_(std::move(ops)),
+      P_(pp.size()),
+      rank_(pp.rank()),
+      micro_batch_(micro_batch) {
+  const int v = int(chunks_.size());
+  int m = 0;
+  for (const Op& op : ops_) m = std::max(m, op.mb + 1);
+  slot_of_.assign(std::size_t(v), std::vector<int>(std::size_t(m), -1));
+  free_slots_.resize(std::size_t(v));
+  for (int c = 0; c < v; ++c)
+    for (int s = chunks_[std::size_t(c)].stage->slots() - 1; s >= 0; --s)
+      free_slots_[std::size_t(c)].push_back(s);
+}
+
+template <class T>
+std::int64_t PipelineExecutor<T>::elements(int samples) const {
+  return std::int64_t(chunks_.front().stage->input(0, samples).extent(0));
+}
+
+template <class T>
+int PipelineExecutor<T>::tag(bool grad, int mb, int receiver_chunk) const {
+  return 2 * (mb * int(chunks_.size()) + receiver_chunk) + (grad ? 1 : 0);
+}
+
+template <class T>
+int PipelineExecutor<T>::take_buffer() {
+  if (free_buffers_.empty()) {
+    reap_sends(false);
+    if (free_buffers_.empty()) {
+      buffers_.emplace_back(MemCategory::comm, "ptrain::pipeline_message",
+                            std::size_t(elements(micro_batch_)));
+      return int(buffers_.size()) - 1;
+    }
+  }
+  const int b = free_buffers_.back();
+  free_buffers_.pop_back();
+  return b;
+}
+
+template <class T>
+void PipelineExecutor<T>::post_recv(bool grad, int mb, int chunk, int peer, int samples) {
+  Message msg;
+  msg.buffer = take_buffer();
+  msg.request = pp_.recv(buffers_[std::size_t(msg.buffer)].data(), std::size_t(elements(samples)),
+                         peer, tag(grad, mb, chunk));
+  recvs_[tag(grad, mb, chunk)] = std::move(msg);
+}
+
+template <class T>
+K::Vec<T> PipelineExecutor<T>::wait_recv(bool grad, int mb, int chunk, int samples) {
+  auto it = recvs_.find(tag(grad, mb, chunk));
+  PTRAIN_REQUIRE(it != recvs_.end(), "pipeline: ", grad ? "gradient" : "activation",
+                 " of micro-batch ", mb, " for chunk ", chunk, " was never received (schedule)");
+  it->second.request.wait();
+  return head_of(buffers_[std::size_t(it->second.buffer)].view(), elements(samples));
+}
+
+template <class T>
+void PipelineExecutor<T>::send(bool grad, int mb, int chunk, int peer, const K::Vec<T>& data) {
+  // The receiving chunk: the next global chunk for an activation, the previous for a gradient.
+  const int to = (global(chunk) + (grad ? -1 : 1)) / P_;
+  Message msg;
+  msg.buffer = take_buffer();
+  auto buf = head_of(buffers_[std::size_t(msg.buffer)].view(), std::int64_t(data.extent(0)));
+  K::copy<T>(buf, data);
+  Kokkos::fence();  // the copy is complete before MPI reads the buffer
+  msg.request = pp_.send(buf.data(), buf.extent(0), peer, tag(grad, mb, to));
+  sends_.push_back(std::move(msg));
+}
+
+template <class T>
+void PipelineExecutor<T>::reap_sends(bool all) {
+  auto done = [&](Message& m) {
+    if (!(all || m.request.test())) return false;
+    m.request.wait();
+    free_buffers_.push_back(m.buffer);
+    return true;
+  };
+  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), done), sends_.end());
+}
+
+template <class T>
+void PipelineExecutor<T>::forward(int mb, int chunk, const MicroBatches& mbs, bool for_backward) {
+  model::Stage<T>& stage = *chunks_[std::size_t(chunk)].stage;
+  auto& free = free_slots_[std::size_t(chunk)];
+  PTRAIN_REQUIRE(!free.empty(), "pipeline: no free activation slot on chunk ", chunk,
+                 " for micro-batch ", mb, " (the schedule keeps more in flight than checked)");
+  const int slot = free.back();
+  free.pop_back();
+  auto& slots = slot_of_[std::size_t(chunk)];
+  if (std::size_t(mb) >= slots.size()) slots.resize(std::size_t(mb) + 1, -1);
+  slots[std::size_t(mb)] = slot;
+  const int B = mbs.samples(mb);
+  if (global(chunk) > 0) {
+    K::copy<T>(stage.input(slot, B), wait_recv(false, mb, chunk, B));
+    auto it = recvs_.find(tag(false, mb, chunk));
+    free_buffers_.push_back(it->second.buffer);
+    recvs_.erase(it);
+  }
+  const bool tokens = stage.layout().has_embedding || stage.layout().has_head;
+  const model::MicroBatch batch = tokens ? mbs.fetch(mb) : model::MicroBatch{nullptr, nullptr, B};
+  const double t0 = wall_seconds();
+  const double loss = stage.forward(slot, batch, for_backward);
+  Kokkos::fence();
+  t_forward_ += wall_seconds() - t0;
+  trace_op(false, mb, chunk, int(chunks_.size()), t0);
+  if (std::size_t(mb) >= losses_.size()) losses_.resize(std::size_t(mb) + 1, 0.0);
+  losses_[std::size_t(mb)] += loss;
+}
+
+template <class T>
+std::pair<double, double> PipelineExecutor<T>::take_compute_seconds() {
+  const std::pair<double, double> t{t_forward_, t_backward_};
+  t_forward_ = t_backward_ = 0;
+  return t;
+}
+
+template <class T>
+double PipelineExecutor<T>::train(const MicroBatches& mbs, T dloss) {
+  losses_.assign(std::size_t(mbs.count), 0.0);
+  // Each chunk's last backward of the step: the data-parallel engine reduces as it goes.
+  std::vector<int> last_backward(chunks_.size(), -1);
+  for (std::size_t i = 0; i < ops_.size(); ++i)
+    if (ops_[i].kind == OpKind::backward) last_backward[std::size_t(ops_[i].chunk)] = int(i);
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    const Op& op = ops_[i];
+    const int B = mbs.samples(op.mb);
+    switch (op.kind) {
+      case OpKind::recv_act: post_recv(false, op.mb, op.chunk, op.peer, B); break;
+      case OpKind::recv_grad: post_recv(true, op.mb, op.chunk, op.peer, B); break;
+      case OpKind::forward: forward(op.mb, op.chunk, mbs, true); break;
+      case OpKind::send_act: {
+        const int slot = slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)];
+        send(false, op.mb, op.chunk, op.peer, chunks_[std::size_t(op.chunk)].stage->output(slot));
+        break;
+      }
+      case OpKind::backward: {
+        Chunk& ch = chunks_[std::size_t(op.chunk)];
+        const int slot = slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)];
+        K::CVec<T> dout;
+        if (global(op.chunk) < last_global()) dout = wait_recv(true, op.mb, op.chunk, B);
+        ch.dp->begin_micro_batch(int(i) == last_backward[std::size_t(op.chunk)]);
+        const double t0 = wall_seconds();
+        ch.stage->backward(slot, dloss, dout);
+        Kokkos::fence();
+        t_backward_ += wall_seconds() - t0;
+        trace_op(true, op.mb, op.chunk, int(chunks_.size()), t0);
+        if (global(op.chunk) < last_global()) {
+          auto it = recvs_.find(tag(true, op.mb, op.chunk));
+          free_buffers_.push_back(it->second.buffer);
+          recvs_.erase(it);
+        }
+        free_slots_[std::size_t(op.chunk)].push_back(slot);
+        slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)] = -1;
+        break;
+      }
+      case OpKind::send_grad:
+        send(true, op.mb, op.chunk, op.peer, chunks_[std::size_t(op.chunk)].stage->input_grad());
+        break;
+    }
+    reap_sends(false);  // lets MPI progress the messages in flight
+  }
+  reap_sends(true);
+  PTRAIN_REQUIRE(recvs_.empty(), "pipeline: ", recvs_.size(), " messages received but never used");
+  double loss = 0;
+  for (double l : losses_) loss += l;
+  return loss;
+}
+
+template <class T>
+std::vector<double> PipelineExecutor<T>::forward_only(const MicroBatches& mbs) {
+  losses_.assign(std::size_t(mbs.count), 0.0);
+  const int v = int(chunks_.size());
+  for (int mb = 0; mb < mbs.count; ++mb)
+    for (int c = 0; c < v; ++c) {
+      const int g = global(c), B = mbs.samples(mb);
+      if (g > 0) post_recv(false, mb, c, (g - 1) % P_, B);
+      forward(mb, c, mbs, false);
+      if (g < last_global()) {
+        const int slot = slot_of_[std::size_t(c)][std::size_t(mb)];
+        send(false, mb, c, (g + 1) % P_, chunks_[std::size_t(c)].stage->output(slot));
+      }
+      free_slots_[std::size_t(c)].push_back(slot_of_[std::size_t(c)][std::size_t(mb)]);
+      slot_of_[std::size_t(c)][std::size_t(mb)] = -1;
+      reap_sends(false);
+    }
+  reap_sends(true);
+  return losses_;
+}
+
+template class PipelineExecutor<float>;
+template class PipelineExecutor<double>;
+
+}  // namespace ptrain::parallel

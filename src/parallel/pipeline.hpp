@@ -1,0 +1,83 @@
+// parallel/pipeline.hpp — runs this rank's list of a pipeline schedule (parallel/schedule.hpp)
+// over its chunks: forwards and backwards on the chunks' activation slots, activations and
+// their gradients to and from the neighbouring stages with non-blocking point-to-point
+// messages on the pp group. Receives are posted where the list posts them (ahead of the
+// compute that needs them) and waited for only by that compute; sends leave from a copy, so
+// the compute goes on while they travel. Every wait on the pp group is the pipeline bubble
+// as this rank sees it (the comm table's exposed time of "pp").
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "model/stage.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/schedule.hpp"
+#include "util/memory.hpp"
+
+namespace ptrain::parallel {
+
+// The micro-batches of one step (or validation pass) on this pipeline: how many, the
+// samples of each (the same on every stage), and the tokens of micro-batch i (host arrays
+// valid until the next call; stages without the embedding or the head ignore them).
+struct MicroBatches {
+  int count = 0;
+  std::function<int(int)> samples;
+  std::function<model::MicroBatch(int)> fetch;
+};
+
+template <class T>
+class PipelineExecutor {
+ public:
+  struct Chunk {
+    model::Stage<T>* stage = nullptr;
+    DataParallel<T>* dp = nullptr;  // told before each chunk's last backward of the step
+  };
+  // `pp`: the pipeline group (rank = stage); `chunks[c]` holds global chunk c*P + rank;
+  // `ops`: this rank's list for m micro-batches. Message buffers are sized for `micro_batch`.
+  PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpList ops, int micro_batch);
+
+  // One training step's forwards and backwards. Returns the sum of the token losses this
+  // rank computed (the last stage's; 0 elsewhere). dloss is d(mean loss)/d(token loss).
+  double train(const MicroBatches& mbs, T dloss);
+  // Forwards only (validation), micro-batch after micro-batch through every chunk: the
+  // token-loss sum of each micro-batch (the last stage's; 0 elsewhere).
+  std::vector<double> forward_only(const MicroBatches& mbs);
+
+  // Seconds in forwards and in backwards (waits for messages excluded) since the last call.
+  std::pair<double, double> take_compute_seconds();
+
+ private:
+  struct Message {
+    int buffer = -1;
+    Request request;
+  };
+  int global(int chunk) const { return chunk * P_ + rank_; }
+  int last_global() const { return int(chunks_.size()) * P_ - 1; }
+  std::int64_t elements(int samples) const;  // of one activation message
+  int tag(bool grad, int mb, int receiver_chunk) const;
+  int take_buffer();
+  void post_recv(bool grad, int mb, int chunk, int peer, int samples);
+  kernels::Vec<T> wait_recv(bool grad, int mb, int chunk, int samples);
+  void send(bool grad, int mb, int chunk, int peer, const kernels::Vec<T>& data);
+  void reap_sends(bool all);
+  void forward(int mb, int chunk, const MicroBatches& mbs, bool for_backward);
+
+  Comm& pp_;
+  std::vector<Chunk> chunks_;
+  OpList ops_;
+  int P_ = 1, rank_ = 0, micro_batch_ = 0;
+  std::vector<std::vector<int>> slot_of_;   // [chunk][mb] -> activation slot, -1: none
+  std::vector<std::vector<int>> free_slots_;  // per chunk
+  std::vector<TrackedView<T>> buffers_;     // message buffers, reused
+  std::vector<int> free_buffers_;
+  std::map<int, Message> recvs_;            // by tag
+  std::vector<Message> sends_;
+  std::vector<double> losses_;  // per micro-batch
+  double t_forward_ = 0, t_backward_ = 0;
+};
+
+}  // namespace ptrain::parallel
