@@ -5,6 +5,7 @@
 
 #include "parallel/data_parallel.hpp"
 #include "parallel/report.hpp"
+#include "parallel/schedule.hpp"
 #include "util/error.hpp"
 #include "util/memory.hpp"
 
@@ -41,6 +42,14 @@ std::int64_t micro_batches_per_step(const Config& config) {
   return t.global_batch / (t.micro_batch * config.parallel.dp * config.parallel.ep);
 }
 
+std::vector<int> schedule_in_flight(const Config& config, int stage) {
+  const int P = int(config.parallel.pp), v = int(config.parallel.virtual_stages);
+  const int m = int(micro_batches_per_step(config));
+  if (P == 1) return std::vector<int>(std::size_t(v), 1);
+  const auto lists = make_schedule(schedule_kind(config.parallel.pp_schedule), P, m, v);
+  return check_schedule(lists, P, m, v).in_flight.at(std::size_t(stage));
+}
+
 double pipeline_bubble(const Config& config) {
   const double p = double(config.parallel.pp), v = double(config.parallel.virtual_stages);
   const double m = double(micro_batches_per_step(config));
@@ -50,13 +59,8 @@ double pipeline_bubble(const Config& config) {
 MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord) {
   MemoryEstimate est;
   const auto chunks = model::build_layout(config, coord);
-  std::int64_t layers = 0;
-  bool head = false;
-  for (const auto& ch : chunks) {
+  for (const auto& ch : chunks)
     for (const auto& t : ch.tensors) (t.expert ? est.expert_params : est.dense_params) += t.numel;
-    layers += ch.n_layers;
-    head = head || ch.has_head;
-  }
   est.local_params = est.dense_params + est.expert_params;
 
   // Parameters, gradients, optimizer state and ZeRO windows: the sizes the data-parallel
@@ -77,16 +81,16 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
 
   const model::Dims d = model::dims_of(config);
   const std::int64_t T = d.S / config.parallel.cp;
-  const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, head,
-                                           config.parallel.sequence_parallel && coord.T > 1);
-  // 1F1B keeps up to p micro-batches in flight on the first stage; GPipe keeps all m.
-  const std::int64_t m = micro_batches_per_step(config);
-  const std::int64_t in_flight = config.parallel.pp == 1 ? 1
-                                 : config.parallel.pp_schedule == "gpipe"
-                                     ? m
-                                     : std::min<std::int64_t>(m, config.parallel.pp);
-  est.bytes[idx(MemCategory::activations)] = double(act.kept(layers)) * double(in_flight) * w;
-  est.bytes[idx(MemCategory::workspace)] = double(act.scratch) * w;
+  // Each chunk keeps as many micro-batches as its rank's schedule has in flight (GPipe all
+  // m, 1F1B p - rank, ...): the slots the trainer allocates, from the same checker.
+  const auto in_flight = schedule_in_flight(config, coord.p);
+  for (const auto& ch : chunks) {  // each stage carves its slots and its own scratch
+    const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
+                                             config.parallel.sequence_parallel && coord.T > 1);
+    est.bytes[idx(MemCategory::activations)] +=
+        double(act.kept(ch.n_layers)) * double(in_flight[std::size_t(ch.chunk)]) * w;
+    est.bytes[idx(MemCategory::workspace)] += double(act.scratch) * w;
+  }
 
   return est;
 }
@@ -173,10 +177,38 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   out.push_back({GroupKind::pp, pp, "m*v*b*s*h per direction"});
 
   // Tied embedding: first and last stages all-reduce the wte gradient.
+  // Tied embedding: both ends' dense-grad groups (2*D ranks with this tp rank) all-reduce
+  // the wte gradient, each rank contributing its shard of it (parallel/trainer.cpp).
   double embed = 0;
-  if (par.pp > 1 && (first || last)) embed = double(d.Vpad / par.tp) * double(d.C) * w;
-  out.push_back({GroupKind::embed, embed, "V/T*h all-reduce over 2 ranks"});
+  const double ends = 2.0 * double(dense_grad_size(config));
+  if (par.pp > 1 && (first || last)) embed = ring(ends) * 2.0 * double(d.Vpad / par.tp) * double(d.C) * w;
+  out.push_back({GroupKind::embed, embed, "2(n-1)/n*V/T*h all-reduce, n = 2*D ranks"});
   return out;
+}
+
+// The deck's pipeline schedule in simulated time (forward 1 cell, backward 2), or, when
+// that is too wide to read, the same schedule with m = 2p micro-batches.
+std::string schedule_picture(const Config& config) {
+  const int P = int(config.parallel.pp), v = int(config.parallel.virtual_stages);
+  const int deck_m = int(micro_batches_per_step(config));
+  const int m = 3 * v * deck_m + P <= 60 ? deck_m : 2 * P;
+  const ScheduleKind kind = schedule_kind(config.parallel.pp_schedule);
+  const auto lists = make_schedule(kind, P, m, v);
+  const auto timing = simulate_schedule(lists, P, m, v);
+  std::string r = cat("pipeline schedule '", config.parallel.pp_schedule, "', p = ", P, ", v = ", v,
+                      ", m = ", m, m == deck_m ? "" : cat(" (an example: this deck has m = ", deck_m, ")"),
+                      "; F<mb> forward, B<mb> backward (two cells), .. waiting; simulated bubble ",
+                      fixed("%.1f%%", 100 * timing.bubble), ":\n");
+  std::string picture = format_schedule(lists, P, m, v);
+  while (!picture.empty() && picture.back() == '\n') picture.pop_back();
+  std::size_t at = 0;
+  while (at < picture.size()) {  // indented like the rest of the report
+    const std::size_t end = picture.find('\n', at);
+    r += "  " + picture.substr(at, end == std::string::npos ? std::string::npos : end - at + 1);
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return r;
 }
 
 std::string plan_report(const Config& config, const Layout& layout) {
@@ -205,9 +237,11 @@ std::string plan_report(const Config& config, const Layout& layout) {
   line(cat("step: ", config.train.global_batch, " samples = ", fixed("%.0f", tokens),
            " tokens, ", m, " micro-batch(es) of ", config.train.micro_batch, " per rank, ",
            fixed("%.4g", fpt * tokens), " FLOPs"));
-  if (par.pp > 1)
+  if (par.pp > 1) {
     line(cat("pipeline bubble: ", fixed("%.1f%%", 100 * pipeline_bubble(config)),
              " ((p-1)/(v*m+p-1), ", par.pp_schedule, ")"));
+    line(schedule_picture(config));
+  }
   if (config.backend.peak_gflops > 0) {
     const double t = fpt * tokens / (config.backend.peak_gflops * 1e9 * layout.world());
     line(cat("predicted step time at 100% of backend%peak_gflops = ", config.backend.peak_gflops,

@@ -8,6 +8,7 @@
 
 #include "grid/layout.hpp"
 #include "model/layout.hpp"
+#include "parallel/plan.hpp"
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
@@ -76,6 +77,7 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
       first_step_(first_step),
       peak_(peak_gflops_per_rank * world),
       flops_per_token_(model::flops_per_token(config)),
+      bubble_theory_(pipeline_bubble(config)),
       traffic_(traffic_since(traffic_by_group())) {  // zero until measure() runs
   for (std::size_t i = 0; i < traffic_.size(); ++i)
     if (traffic_[i].used || i == kDenseGrad) groups_.push_back(i);
@@ -83,6 +85,7 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
   columns_ = {"step",        "loss", "val_loss",       "lr",     "grad_norm", "tokens_per_s",
               "gflops",      "mfu",  "peak_mem_bytes", "t_step", "t_forward", "t_backward",
               "t_optimizer", "eta_s",  "skipped"};
+  if (config.parallel.pp > 1) columns_.insert(columns_.end(), {"bubble", "bubble_theory"});
   for (std::size_t i : groups_) {
     const std::string g = column_stem(traffic_[i].group);
     columns_.insert(columns_.end(), {"bytes_" + g, "exposed_" + g + "_s"});
@@ -125,7 +128,9 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
       {"t_optimizer", fixed("%.6f", r.t_optimizer)},
       {"eta_s", fixed("%.1f", eta)},
       {"skipped", r.skipped ? "1" : "0"},
-      {"overlap_dense_grad", fixed("%.4f", r.comm_overlap)}};
+      {"overlap_dense_grad", fixed("%.4f", r.comm_overlap)},
+      {"bubble", fixed("%.4f", r.bubble)},
+      {"bubble_theory", fixed("%.4f", bubble_theory_)}};
   std::string comm_text;
   for (std::size_t i : groups_) {
     const GroupTraffic& t = traffic_[i];
@@ -150,7 +155,11 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
                 fixed("%.0f", tok_s), " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ",
                 fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
                 fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
-                fixed("%.3f", r.t_optimizer), " s", comm_text, " | ETA ", format_duration(eta),
+                fixed("%.3f", r.t_optimizer), " s", comm_text,
+                config_.parallel.pp > 1 ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble), " (theory ",
+                                              fixed("%.1f%%", 100 * bubble_theory_), ")")
+                                        : std::string(),
+                " | ETA ", format_duration(eta),
                 r.skipped ? " | SKIPPED: not finite, update dropped (train%nonfinite)" : ""));
 }
 

@@ -149,6 +149,7 @@ StepResult Trainer<T>::step(std::int64_t s) {
   if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
     std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
   for (auto& ch : chunks_) ch.dp->begin_step();
+  const double pp_wait = pp_.stats().exposed_s;
   const auto [first, count] = my_slice(config_.train.global_batch);
   MicroBatches mbs;
   mbs.count = int(count / mb);
@@ -197,6 +198,11 @@ StepResult Trainer<T>::step(std::int64_t s) {
   for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
+  if (pp_.size() > 1) {
+    r.bubble = (pp_.stats().exposed_s - pp_wait) / r.t_step;
+    mpi::check(MPI_Allreduce(MPI_IN_PLACE, &r.bubble, 1, MPI_DOUBLE, MPI_MAX, grid_.cart()),
+               "trainer: MPI_Allreduce (pipeline bubble)");
+  }
   return r;
 }
 

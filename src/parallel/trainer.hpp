@@ -28,6 +28,9 @@ struct StepResult {
   // Traffic per group is read from the comm table around the step (parallel/report.hpp).
   double comm_overlap = 1;  // dense-grad bytes reduced before the end of the backward
   bool skipped = false;  // non-finite loss or norm, update dropped (train%nonfinite = 'skip')
+  // Pipeline: time waiting on pipeline neighbours (pp waits) over the step time, the
+  // largest of any rank; 0 without a pipeline.
+  double bubble = 0;
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
