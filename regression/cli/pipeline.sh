@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Pipeline parallelism through the driver:
+#  - checkpoints written at p 2 x t 2 resume on one rank and at d 4 (ZeRO 2), and a one-rank
+#    checkpoint resumes at p 4 interleaved (v 2): the same losses as the uninterrupted
+#    one-rank run to 1e-10 (fp64);
+#  - the log line and log.csv report the measured bubble next to the theoretical one;
+#  - a deck whose micro-batches cannot be interleaved is refused before step 1 (exit 2).
+source "$(dirname "$0")/lib/prologue.sh"
+deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
+run() {  # run NP OUT [--set ...]
+  local np=$1 out=$2; shift 2
+  timeout 300 "$MPIEXEC" $MPIEXEC_PREFLAGS -np "$np" "$PTRAIN" "$deck" --set model%dtype="'fp64'" \
+    --set model%n_layer=8 --set model%vocab=61 --set run%steps="${STEPS:-12}" \
+    --set train%micro_batch=2 --set run%eval_every=0 --set run%out_dir="'$tmp/$out'" "$@" \
+    >"$tmp/$out.log" 2>&1 || fail "$out: $(grep -iE 'error|nml:' "$tmp/$out.log" | head -3)"
+}
+loss_at() { awk -F, -v s="$2" '$1 == s { v = $2 } END { print v }' "$tmp/$1/log.csv"; }
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d < 1e-10) }'; }
+same_losses() {  # NAME: steps 7..12 as the reference's
+  for s in 7 10 12; do
+    close "$(loss_at "$1" $s)" "$(loss_at ref $s)" || fail "$1: step $s loss $(loss_at "$1" $s) vs $(loss_at ref $s)"
+  done
+}
+
+run 1 ref
+STEPS=6 run 1 one --set checkpoint%every=6
+STEPS=6 run 4 p2t2 --set parallel%pp=2 --set parallel%tp=2 --set checkpoint%every=6
+ck() { echo "--set checkpoint%restart='$tmp/$1/checkpoints/ckpt_00000006.h5'"; }
+
+# p2 x t2 -> one rank, -> d4 ZeRO 2; one rank -> p4 interleaved.
+run 1 p2t2_to_1 $(ck p2t2)
+same_losses p2t2_to_1
+run 4 p2t2_to_d4 $(ck p2t2) --set parallel%dp=4 --set parallel%zero=2
+same_losses p2t2_to_d4
+run 4 one_to_p4v2 $(ck one) --set parallel%pp=4 --set parallel%pp_schedule="'interleaved'" \
+  --set parallel%virtual_stages=2
+same_losses one_to_p4v2
+grep -q "restart: .*ckpt_00000006.h5 at step 6 (written on " "$tmp/p2t2_to_1.log" || fail "restart message: $(grep restart: "$tmp/p2t2_to_1.log")"
+
+# The bubble, measured and theoretical, in the log line and in log.csv.
+grep -qE "bubble [0-9.]+% \(theory [0-9.]+%\)" "$tmp/one_to_p4v2.log" || fail "no bubble in the log line"
+head -1 "$tmp/one_to_p4v2/log.csv" | grep -q ",bubble,bubble_theory," || fail "no bubble columns in log.csv"
+theory=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "bubble_theory") c = i } NR == 2 { print $c }' "$tmp/one_to_p4v2/log.csv")
+[ "$theory" = 0.1579 ] || fail "theoretical bubble at p 4, v 2, m 8: $theory, expected 3/19 = 0.1579"
+
+# Interleaving needs the micro-batches in groups of pp: 16 / 2 = 8 is not a multiple of 3.
+set +e
+"$PTRAIN" "$deck" --set model%n_layer=6 --set parallel%pp=3 --set parallel%pp_schedule="'interleaved'" \
+  --set parallel%virtual_stages=2 --set train%micro_batch=2 --plan --world 3 >"$tmp/bad.log" 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "interleaved with m % pp != 0: exit $rc"
+grep -q "not a multiple of it" "$tmp/bad.log" || fail "message: $(cat "$tmp/bad.log")"
+echo "pipeline: all checks passed"
