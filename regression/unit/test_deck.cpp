@@ -499,7 +499,22 @@ TEST(DeckValidate, CrossFieldErrors) {
       {1, [](Config& c) { c.model.d_model = 130; }, "model%n_head = 4 does not divide model%d_model = 130"},
       {3, [](Config& c) { c.parallel.tp = 3; }, "parallel%tp = 3 does not divide model%n_head = 4"},
       {4, [](Config& c) { c.model.n_layer = 6, c.parallel.pp = 4; },
-       "parallel%pp*virtual_stages = 4*1 = 4 does not divide model%n_layer = 6"},
+       "parallel%pp*virtual_stages = 4*1 = 4 does not divide model%n_layer = 6 (set parallel%pp_layers for an "
+       "uneven split over the stages)"},
+      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_layers[0] = 3, c.parallel.pp_layers[1] = 2; },
+       "parallel%pp_layers adds up to 5 layers, model%n_layer = 4"},
+      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_layers[0] = 4; },
+       "parallel%pp_layers must give one positive layer count per pipeline stage (parallel%pp = 2), got 1 before "
+       "the first 0"},
+      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_layers[0] = 3, c.parallel.pp_layers[2] = 1; },
+       "parallel%pp_layers must give one positive layer count per pipeline stage (parallel%pp = 2), got 1 before "
+       "the first 0"},
+      {8, [](Config& c) {
+         c.model.n_layer = 8, c.parallel.pp = 4, c.parallel.dp = 2, c.parallel.virtual_stages = 2;
+         c.parallel.pp_schedule = "interleaved", c.train.global_batch = 6, c.train.micro_batch = 1;
+       },
+       "parallel%pp_schedule = 'interleaved' runs micro-batches in groups of parallel%pp = 4: "
+       "train%global_batch/(micro_batch*dp*ep) = 6/2 = 3 micro-batches per step is not a multiple of it"},
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.virtual_stages = 2; },
        "parallel%virtual_stages = 2 needs parallel%pp_schedule = 'interleaved' (got '1f1b')"},
       {1, [](Config& c) { c.parallel.virtual_stages = 2, c.parallel.pp_schedule = "interleaved"; },

@@ -193,10 +193,14 @@ std::string format_value(const Value& value) {
 }
 
 std::string value_text(const Config& config, const KeySpec& spec) {
+  // Runs of one value as the namelist repeat r*c ("5, 3, 62*0"), as gfortran reads them.
   std::string out;
-  for (int i = 0; i < spec.size(); ++i) {
-    if (i) out += ", ";
-    out += format_value(spec.get(config, i));
+  for (int i = 0; i < spec.size();) {
+    const std::string v = format_value(spec.get(config, i));
+    int run = 1;
+    while (i + run < spec.size() && format_value(spec.get(config, i + run)) == v) ++run;
+    out += (out.empty() ? "" : ", ") + (run > 1 ? cat(run, "*", v) : v);
+    i += run;
   }
   return out;
 }

@@ -115,10 +115,25 @@ void validate(Config& c, int world_size) {
   ck.require(val_tokens <= int_max, cat("data%val_samples*model%seq_len = ", d.val_samples, "*", m.seq_len, " = ",
                                         val_tokens, " tokens per validation pass exceed ", int_max));
 
-  // Pipeline: every stage chunk gets the same number of layers; none are dropped.
+  // Pipeline: every stage chunk gets the same number of layers, or parallel%pp_layers says
+  // how many each stage has; none are dropped, never silently uneven.
   I64 chunks = ck.mul(p.pp, p.virtual_stages, "parallel%pp*virtual_stages");
-  ck.require(m.n_layer % chunks == 0, cat("parallel%pp*virtual_stages = ", p.pp, "*", p.virtual_stages, " = ",
-                                          chunks, " does not divide model%n_layer = ", m.n_layer));
+  if (std::all_of(p.pp_layers.begin(), p.pp_layers.end(), [](I64 n) { return n == 0; })) {
+    ck.require(m.n_layer % chunks == 0,
+               cat("parallel%pp*virtual_stages = ", p.pp, "*", p.virtual_stages, " = ", chunks,
+                   " does not divide model%n_layer = ", m.n_layer,
+                   " (set parallel%pp_layers for an uneven split over the stages)"));
+  } else {
+    I64 given = 0, sum = 0;
+    while (given < I64(p.pp_layers.size()) && p.pp_layers[std::size_t(given)] > 0) sum += p.pp_layers[std::size_t(given++)];
+    const bool trailing_zeros = std::all_of(p.pp_layers.begin() + given, p.pp_layers.end(), [](I64 n) { return n == 0; });
+    ck.require(trailing_zeros && given == p.pp,
+               cat("parallel%pp_layers must give one positive layer count per pipeline stage (parallel%pp = ", p.pp,
+                   "), got ", given, " before the first 0"));
+    ck.require(!trailing_zeros || given != p.pp || sum == m.n_layer,
+               cat("parallel%pp_layers adds up to ", sum, " layers, model%n_layer = ", m.n_layer));
+    ck.require(p.virtual_stages == 1, "parallel%pp_layers (an uneven split) needs parallel%virtual_stages = 1");
+  }
   if (p.virtual_stages > 1) {
     ck.require(p.pp_schedule == "interleaved",
                cat("parallel%virtual_stages = ", p.virtual_stages,

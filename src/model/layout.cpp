@@ -146,17 +146,22 @@ void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
 std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord) {
   const Dims d = dims_of(config);
   const int n_chunks = coord.P * coord.virtual_stages;
-  PTRAIN_REQUIRE(d.L % n_chunks == 0, "model layout: n_layer = ", d.L,
+  // Layers of global chunk g: parallel%pp_layers when the deck splits unevenly (one chunk per
+  // stage, validated), else n_layer / chunks each.
+  const auto& uneven = config.parallel.pp_layers;
+  const bool given = coord.P == config.parallel.pp && coord.P > 1 && !uneven.empty() && uneven[0] > 0;
+  PTRAIN_REQUIRE(given || d.L % n_chunks == 0, "model layout: n_layer = ", d.L,
                  " is not divisible by pp*virtual_stages = ", n_chunks);
-  const std::int64_t per_chunk = d.L / n_chunks;
+  auto layers_of = [&](int g) { return given ? uneven[std::size_t(g)] : d.L / n_chunks; };
   std::vector<ChunkLayout> chunks;
   for (int v = 0; v < coord.virtual_stages; ++v) {
     // Interleaved assignment (Megatron): chunk v of stage p is global chunk v*P + p.
     const int g = v * coord.P + coord.p;
     ChunkLayout chunk;
     chunk.chunk = v;
-    chunk.first_layer = g * per_chunk;
-    chunk.n_layers = per_chunk;
+    chunk.first_layer = 0;
+    for (int k = 0; k < g; ++k) chunk.first_layer += layers_of(k);
+    chunk.n_layers = layers_of(g);
     chunk.has_embedding = g == 0;
     chunk.has_head = g == n_chunks - 1;
     ChunkBuilder b(chunk);
@@ -164,7 +169,7 @@ std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& co
       add_embedding(b, d, coord, false);
       b.replicated("wpe.weight", {d.S, d.C}, TensorKind::embedding, -1);
     }
-    for (std::int64_t i = chunk.first_layer; i < chunk.first_layer + per_chunk; ++i)
+    for (std::int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.n_layers; ++i)
       add_block(b, d, coord, static_cast<int>(i));
     if (chunk.has_head) {
       b.replicated("ln_f.weight", {d.C}, TensorKind::norm, -1);
