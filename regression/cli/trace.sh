@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # run%trace: every rank writes its timeline, and postprocess/plot_schedule.py draws it. The
-# same tp 2 run's log.csv has tp columns, and the dense-grad ones scripts rely on.
+# same tp 2 run's log.csv has tp columns, and the dense-grad ones scripts rely on. A pp 2
+# run's trace has the pipeline executor's forward/backward events and pp waits, and
+# plot_schedule.py draws one step of it and prints each rank's pp-wait fraction.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$PTRAIN_SOURCE_DIR/input/tiny.nml" \
   --set run%trace=.true. --set run%steps=3 --set train%micro_batch=4 --set parallel%tp=2 \
@@ -22,4 +24,32 @@ done
 head -c 8 "$tmp/s.png" | od -An -tx1 | tr -d ' \n' | grep -q '^89504e470d0a1a0a$' || fail "not a PNG"
 [ "$(stat -c %s "$tmp/s.png")" -gt 10000 ] || fail "PNG too small"
 grep -q "comm:tp" "$tmp/plot.log" || fail "the summary lacks the tp column: $(cat "$tmp/plot.log")"
+
+# Pipeline: pp 2 (1F1B, m = 4 micro-batches per step).
+timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$PTRAIN_SOURCE_DIR/input/tiny.nml" \
+  --set run%trace=.true. --set run%steps=3 --set train%micro_batch=4 --set parallel%pp=2 \
+  --set backend%peak_gflops=100 --set run%out_dir="'$tmp/pp'" >"$tmp/pp.log" 2>&1 \
+  || fail "traced pp run: $(tail -3 "$tmp/pp.log")"
+for r in 0 1; do
+  f="$tmp/pp/trace/rank$r.csv"
+  [ -f "$f" ] || fail "no $f"
+  for e in ",F0,forward," ",F3,forward," ",B0,backward," ",B3,backward," ",comm:pp,"; do
+    grep -q "$e" "$f" || fail "rank $r: no '$e' events in the pp trace"
+  done
+  [ "$(grep -c ",B0,backward," "$f")" = 3 ] || fail "rank $r: not one B0 per step: $(grep -c ",B0," "$f")"
+done
+/usr/bin/python3 "$PTRAIN_SOURCE_DIR/postprocess/plot_schedule.py" "$tmp/pp" -o "$tmp/pp.png" --step 2 \
+  >"$tmp/ppplot.log" 2>&1 || fail "plot_schedule.py --step 2: $(cat "$tmp/ppplot.log")"
+head -c 8 "$tmp/pp.png" | od -An -tx1 | tr -d ' \n' | grep -q '^89504e470d0a1a0a$' || fail "pp: not a PNG"
+[ "$(stat -c %s "$tmp/pp.png")" -gt 10000 ] || fail "pp: PNG too small"
+grep -q "^step 2 of 3 in the trace (log.csv step 2)" "$tmp/ppplot.log" || fail "step window: $(cat "$tmp/ppplot.log")"
+grep -q "pp wait" "$tmp/ppplot.log" || fail "no pp wait column: $(cat "$tmp/ppplot.log")"
+# Per rank: forwards, backwards, the F/B share and the pp-wait share of step 2 (4 F, 4 B).
+for r in 0 1; do
+  grep -Eq "^ +$r +4 +4 +[0-9.]+% +[0-9.]+%$" "$tmp/ppplot.log" || fail "rank $r pp-wait row: $(cat "$tmp/ppplot.log")"
+done
+grep -Eq "^pp wait: largest [0-9.]+% \(rank [01]\)" "$tmp/ppplot.log" || fail "no largest pp wait: $(cat "$tmp/ppplot.log")"
+if /usr/bin/python3 "$PTRAIN_SOURCE_DIR/postprocess/plot_schedule.py" "$tmp/pp" -o "$tmp/x.png" --step 4 \
+  >"$tmp/x.log" 2>&1; then fail "--step 4 of a 3-step trace accepted"; fi
+grep -q "the trace has 3 training step(s)" "$tmp/x.log" || fail "--step 4 message: $(cat "$tmp/x.log")"
 echo "trace: timelines written and drawn"

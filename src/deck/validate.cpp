@@ -127,12 +127,11 @@ void validate(Config& c, int world_size) {
     I64 given = 0, sum = 0;
     while (given < I64(p.pp_layers.size()) && p.pp_layers[std::size_t(given)] > 0) sum += p.pp_layers[std::size_t(given++)];
     const bool trailing_zeros = std::all_of(p.pp_layers.begin() + given, p.pp_layers.end(), [](I64 n) { return n == 0; });
-    ck.require(trailing_zeros && given == p.pp,
-               cat("parallel%pp_layers must give one positive layer count per pipeline stage (parallel%pp = ", p.pp,
-                   "), got ", given, " before the first 0"));
-    ck.require(!trailing_zeros || given != p.pp || sum == m.n_layer,
+    ck.require(trailing_zeros && given == chunks,
+               cat("parallel%pp_layers must give one positive layer count per pipeline chunk (parallel%pp*virtual_stages = ",
+                   chunks, ", in order: chunk c of stage s is number c*pp + s + 1), got ", given, " before the first 0"));
+    ck.require(!trailing_zeros || given != chunks || sum == m.n_layer,
                cat("parallel%pp_layers adds up to ", sum, " layers, model%n_layer = ", m.n_layer));
-    ck.require(p.virtual_stages == 1, "parallel%pp_layers (an uneven split) needs parallel%virtual_stages = 1");
   }
   if (p.virtual_stages > 1) {
     ck.require(p.pp_schedule == "interleaved",
@@ -191,10 +190,6 @@ void validate(Config& c, int world_size) {
   if (m.dtype == "bf16")
     ck.require(c.backend.device == "cuda",
                cat("model%dtype = 'bf16' needs backend%device = 'cuda' (got ", q(c.backend.device), ")"));
-#ifndef PTRAIN_ENABLE_CUDA
-  ck.require(c.backend.device != "cuda",
-             "backend%device = 'cuda': this ptrain was built without CUDA (configure with -DPTRAIN_ENABLE_CUDA=ON)");
-#endif
 }
 
 }  // namespace ptrain::deck

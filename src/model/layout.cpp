@@ -146,8 +146,8 @@ void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
 std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord) {
   const Dims d = dims_of(config);
   const int n_chunks = coord.P * coord.virtual_stages;
-  // Layers of global chunk g: parallel%pp_layers when the deck splits unevenly (one chunk per
-  // stage, validated), else n_layer / chunks each.
+  // Layers of global chunk g: parallel%pp_layers when the deck splits unevenly (one count per
+  // global chunk, validated), else n_layer / chunks each.
   const auto& uneven = config.parallel.pp_layers;
   const bool given = coord.P == config.parallel.pp && coord.P > 1 && !uneven.empty() && uneven[0] > 0;
   PTRAIN_REQUIRE(given || d.L % n_chunks == 0, "model layout: n_layer = ", d.L,

@@ -47,6 +47,13 @@ void check_supported(const Config& c, int world_size) {
      "training with parallel%cp or ep > 1 (data, tensor and pipeline parallelism so far; "
      "--plan works)");
   (void)world_size;
+#ifndef PTRAIN_ENABLE_CUDA
+  // What this build can run, not what the deck means: `--plan` plans a GPU deck anywhere.
+  if (c.backend.device == "cuda")
+    throw Error("backend%device = 'cuda': this ptrain was built without CUDA (configure with "
+                "-DPTRAIN_ENABLE_CUDA=ON)",
+                kExitInput);
+#endif
   no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
   no(c.train.recompute != "none", "train%recompute other than 'none'");
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");
