@@ -85,7 +85,8 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
   columns_ = {"step",        "loss", "val_loss",       "lr",     "grad_norm", "tokens_per_s",
               "gflops",      "mfu",  "peak_mem_bytes", "t_step", "t_forward", "t_backward",
               "t_optimizer", "eta_s",  "skipped"};
-  if (config.parallel.pp > 1) columns_.insert(columns_.end(), {"bubble", "bubble_theory"});
+  if (config.parallel.pp > 1)
+    columns_.insert(columns_.end(), {"bubble", "bubble_model", "bubble_theory"});
   for (std::size_t i : groups_) {
     const std::string g = column_stem(traffic_[i].group);
     columns_.insert(columns_.end(), {"bytes_" + g, "exposed_" + g + "_s"});
@@ -130,6 +131,7 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
       {"skipped", r.skipped ? "1" : "0"},
       {"overlap_dense_grad", fixed("%.4f", r.comm_overlap)},
       {"bubble", fixed("%.4f", r.bubble)},
+      {"bubble_model", fixed("%.4f", r.bubble_model)},
       {"bubble_theory", fixed("%.4f", bubble_theory_)}};
   std::string comm_text;
   for (std::size_t i : groups_) {
@@ -156,9 +158,11 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
                 fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
                 fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
                 fixed("%.3f", r.t_optimizer), " s", comm_text,
-                config_.parallel.pp > 1 ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble), " (theory ",
-                                              fixed("%.1f%%", 100 * bubble_theory_), ")")
-                                        : std::string(),
+                config_.parallel.pp > 1
+                    ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble), " (schedule at these stage times ",
+                          fixed("%.1f%%", 100 * r.bubble_model), ", equal stages ",
+                          fixed("%.1f%%", 100 * bubble_theory_), ")")
+                    : std::string(),
                 " | ETA ", format_duration(eta),
                 r.skipped ? " | SKIPPED: not finite, update dropped (train%nonfinite)" : ""));
 }

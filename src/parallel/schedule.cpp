@@ -309,8 +309,9 @@ int awaited_message(const Op& op, int g, const Shape& s) {
   return message_key(s, op.kind == OpKind::backward, op.mb, g);
 }
 
-Replay replay(const std::vector<OpList>& lists, const Shape& s, double t_forward,
-              double t_backward) {
+// t_forward[r], t_backward[r]: one forward and one backward on rank r.
+Replay replay(const std::vector<OpList>& lists, const Shape& s, const std::vector<double>& t_forward,
+              const std::vector<double>& t_backward) {
   Replay rp;
   rp.next.assign(std::size_t(s.P), 0);
   for (const OpList& ops : lists) rp.start.emplace_back(ops.size(), 0.0);
@@ -329,7 +330,8 @@ Replay replay(const std::vector<OpList>& lists, const Shape& s, double t_forward
           now = std::max(now, sent_at[std::size_t(key)]);
         }
         rp.start[std::size_t(r)][i] = now;
-        if (is_compute(op.kind)) now += op.kind == OpKind::forward ? t_forward : t_backward;
+        if (is_compute(op.kind))
+          now += (op.kind == OpKind::forward ? t_forward : t_backward)[std::size_t(r)];
         if (is_send(op.kind))
           sent_at[std::size_t(
               message_key(s, is_grad(op.kind), op.mb, neighbour_stage(op.kind, g)))] = now;
@@ -342,7 +344,8 @@ Replay replay(const std::vector<OpList>& lists, const Shape& s, double t_forward
 }
 
 std::string check_deadlock(const std::vector<OpList>& lists, const Shape& s) {
-  const Replay rp = replay(lists, s, 1, 1);
+  const std::vector<double> unit(std::size_t(s.P), 1.0);
+  const Replay rp = replay(lists, s, unit, unit);
   std::string stuck;
   for (int r = 0; r < s.P; ++r) {
     const std::size_t i = rp.next[std::size_t(r)];
@@ -371,11 +374,14 @@ std::string checked_error(const std::vector<OpList>& lists, const Shape& s) {
 
 // The replay of lists that must pass the checker (simulate_schedule, format_schedule).
 Replay replay_checked(const char* who, const std::vector<OpList>& lists, const Shape& s,
-                      double t_forward, double t_backward) {
+                      const std::vector<double>& t_forward, const std::vector<double>& t_backward) {
   const std::string e = checked_error(lists, s);
   if (!e.empty()) throw Error(cat(who, ": ", e));
-  PTRAIN_REQUIRE(t_forward >= 0 && t_backward >= 0, who, ": negative compute time (forward ",
-                 t_forward, ", backward ", t_backward, ")");
+  PTRAIN_REQUIRE(int(t_forward.size()) == s.P && int(t_backward.size()) == s.P, who,
+                 ": one forward and one backward time per rank are needed");
+  for (int r = 0; r < s.P; ++r)
+    PTRAIN_REQUIRE(t_forward[std::size_t(r)] >= 0 && t_backward[std::size_t(r)] >= 0, who,
+                   ": negative compute time on rank ", r);
   return replay(lists, s, t_forward, t_backward);
 }
 
@@ -451,14 +457,15 @@ ScheduleCheck check_schedule(const std::vector<OpList>& lists, int P, int m, int
 }
 
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
-                                 double t_forward, double t_backward) {
+                                 const std::vector<double>& t_forward,
+                                 const std::vector<double>& t_backward) {
   const Shape s{P, m, v};
   const Replay rp = replay_checked("simulate_schedule", lists, s, t_forward, t_backward);
   ScheduleTiming timing;
   timing.makespan = rp.makespan;
   // After the check every rank computes m*v forwards and m*v backwards.
-  const double busy = m * v * (t_forward + t_backward);
   for (int r = 0; r < P; ++r) {
+    const double busy = m * v * (t_forward[std::size_t(r)] + t_backward[std::size_t(r)]);
     const double idle = rp.makespan > 0 ? (rp.makespan - busy) / rp.makespan : 0;
     timing.idle_fraction.push_back(idle);
     timing.bubble = std::max(timing.bubble, idle);
@@ -466,9 +473,17 @@ ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m,
   return timing;
 }
 
+ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
+                                 double t_forward, double t_backward) {
+  return simulate_schedule(lists, P, m, v, std::vector<double>(std::size_t(std::max(P, 0)), t_forward),
+                           std::vector<double>(std::size_t(std::max(P, 0)), t_backward));
+}
+
 std::string format_schedule(const std::vector<OpList>& lists, int P, int m, int v, bool ops) {
   const Shape s{P, m, v};
-  const Replay rp = replay_checked("format_schedule", lists, s, 1, 2);
+  const Replay rp = replay_checked("format_schedule", lists, s,
+                                   std::vector<double>(std::size_t(std::max(P, 0)), 1.0),
+                                   std::vector<double>(std::size_t(std::max(P, 0)), 2.0));
   const std::size_t width = cat(m - 1, v > 1 ? cat(".", v - 1) : "").size() + 1;
   const std::size_t rank_width = std::to_string(P - 1).size();
   std::string out;

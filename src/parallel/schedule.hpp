@@ -72,6 +72,11 @@ struct ScheduleTiming {
 };
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
                                  double t_forward = 1, double t_backward = 2);
+// The same with each rank's own times (t_forward[r], t_backward[r]): real stages are never
+// quite equal, and the run log compares its measured bubble with this one.
+ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
+                                 const std::vector<double>& t_forward,
+                                 const std::vector<double>& t_backward);
 
 // Text picture for `ptrain --plan`: one row per rank in simulated time (forward 1 cell,
 // backward 2), e.g. "rank 0 | F0 F1 F2 F3 .. .. B0 B0 ..": forward "F<mb>", backward

@@ -144,6 +144,34 @@ std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
   return {v[0], v[1]};
 }
 
+// The measured bubble, and what the schedule gives with this step's forward and backward
+// times of every stage (stages are never quite equal: the embedding, the head, the cores).
+template <class T>
+void Trainer<T>::measure_bubble(StepResult& r, double pp_wait_seconds) {
+  const int P = pp_.size(), v = chunks();
+  const int ops = int(std::count_if(schedule_[std::size_t(pp_.rank())].begin(),
+                                    schedule_[std::size_t(pp_.rank())].end(),
+                                    [](const Op& op) { return op.kind == OpKind::forward; }));
+  double mine[2] = {r.t_forward / ops, r.t_backward / ops};
+  std::vector<double> times(2 * std::size_t(P));
+  mpi::check(MPI_Allgather(mine, 2, MPI_DOUBLE, times.data(), 2, MPI_DOUBLE,
+                           grid_.comm(GroupKind::pp)),
+             "trainer: MPI_Allgather (stage times)");
+  std::vector<double> tf(std::size_t(P), 0.0), tb(std::size_t(P), 0.0);
+  for (int k = 0; k < P; ++k) {
+    tf[std::size_t(k)] = times[2 * std::size_t(k)];
+    tb[std::size_t(k)] = times[2 * std::size_t(k) + 1];
+  }
+  const ScheduleTiming sim = simulate_schedule(schedule_, P, ops / v, v, tf, tb);
+  double idle = 0;
+  for (double f : sim.idle_fraction) idle = std::max(idle, f * sim.makespan);
+  double b[2] = {pp_wait_seconds / r.t_step, idle / r.t_step};
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, b, 2, MPI_DOUBLE, MPI_MAX, grid_.cart()),
+             "trainer: MPI_Allreduce (pipeline bubble)");
+  r.bubble = b[0];
+  r.bubble_model = b[1];
+}
+
 template <class T>
 StepResult Trainer<T>::step(std::int64_t s) {
   StepResult r;
@@ -205,11 +233,7 @@ StepResult Trainer<T>::step(std::int64_t s) {
   for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
-  if (pp_.size() > 1) {
-    r.bubble = (pp_.stats().exposed_s - pp_wait) / r.t_step;
-    mpi::check(MPI_Allreduce(MPI_IN_PLACE, &r.bubble, 1, MPI_DOUBLE, MPI_MAX, grid_.cart()),
-               "trainer: MPI_Allreduce (pipeline bubble)");
-  }
+  if (pp_.size() > 1) measure_bubble(r, pp_.stats().exposed_s - pp_wait);
   return r;
 }
 

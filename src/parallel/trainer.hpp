@@ -31,6 +31,10 @@ struct StepResult {
   // Pipeline: time waiting on pipeline neighbours (pp waits) over the step time, the
   // largest of any rank; 0 without a pipeline.
   double bubble = 0;
+  // The bubble the schedule has with each stage's measured forward and backward times (the
+  // largest rank's idle time over the step time): what `bubble` should be when the executor
+  // adds nothing to the schedule.
+  double bubble_model = 0;
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
@@ -64,6 +68,7 @@ class Trainer {
     std::unique_ptr<optim::Optimizer<T>> optimizer;
   };
   void finish_gradients();
+  void measure_bubble(StepResult& r, double pp_wait_seconds);
   // Loss sum and the squared gradient norm, summed over every rank at once.
   std::pair<double, double> loss_and_norm_squared(double loss_sum);
   void skip_nonfinite(StepResult& r);  // or throws (train%nonfinite)
