@@ -6,12 +6,17 @@
                                          model tensors (and with --optim the AdamW moments
                                          as optim.m.<name> / optim.v.<name> and the state as
                                          state.<name>) to a NumPy .npz, checksums verified
-  ckpt_tool.py verify FILE               recompute every dataset's checksum; exit 1 on any
+  ckpt_tool.py verify FILE               recompute every dataset's checksum; exit 2 on any
                                          mismatch or missing checksum
 export and verify first check that the file is whole: every tensor of the model its deck
 attribute describes (or, without one, of the layers its names show), for a checkpoint also
-both AdamW moments of each (when the deck's optimizer has them) and the /state scalars; a
-file that is not, or that cannot be read, is one error line and exit 1.
+both AdamW moments of each (when the deck's optimizer has them) and the /state scalars.
+
+Exit codes, as ptrain's: 0 success; 2 the user's file is wrong: it cannot be opened or read
+(missing, damaged, cut short), is not a ptrain checkpoint or weights file, is incomplete, or
+is corrupted (a checksum mismatch or a missing checksum), or OUT.npz cannot be written; each
+is one error line on stderr (verify first lists the failed datasets). Wrong arguments exit 2
+too (argparse); anything else (1, with a traceback) is a fault of the tool.
 
 The checksum (src/ckpt/weights.hpp): for a dataset x with global row-major indices i,
   sum_i mix64(mix64(i + 0x9e3779b97f4a7c15) ^ bits(x_i))   (mod 2^64)
@@ -23,6 +28,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 
 import h5py
 import numpy as np
@@ -34,8 +40,14 @@ BLOCK_TENSORS = ["ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias",
                  "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"]
 STATE = ["step", "consumed_samples", "optimizer_t", "seed", "lr"]  # a checkpoint's /state
 
+EXIT_INPUT = 2  # the user's file is wrong (ptrain's kExitInput)
+
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 BLOCK = 1 << 24  # elements hashed at a time (bounds the memory of big tensors)
+
+
+class BadFile(Exception):
+    """A one-line reason why the user's file cannot be used: exit code EXIT_INPUT."""
 
 
 def mix64(z):
@@ -85,11 +97,12 @@ def open_file(path):
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        sys.exit(f"{path}: cannot open: {e}")
+        raise BadFile(f"{path}: cannot open: {' '.join(str(e).split())}") from None
     version = text(f.attrs.get("format_version", b""))
     if version not in ("1", "2"):
-        sys.exit(f"{path}: not a ptrain checkpoint or weights file "
-                 f"(format_version {version or 'missing'})")
+        f.close()
+        raise BadFile(f"{path}: not a ptrain checkpoint or weights file "
+                      f"(format_version {version or 'missing'})")
     return f
 
 
@@ -125,7 +138,7 @@ def require_whole(f, path):
     missing = missing_datasets(f)
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        sys.exit(f"{path}: incomplete: {len(missing)} datasets missing: {shown}")
+        raise BadFile(f"{path}: incomplete: {len(missing)} datasets missing: {shown}")
 
 
 def state_of(f):
@@ -197,7 +210,7 @@ def cmd_verify(args):
         print(f"{args.file}: {p}", file=sys.stderr)
     if problems:
         print(f"{args.file}: {len(problems)} of {n} datasets FAILED", file=sys.stderr)
-        return 1
+        return EXIT_INPUT
     print(f"{args.file}: all {n} checksums OK")
     return 0
 
@@ -222,8 +235,11 @@ def cmd_export(args):
     if problems:
         for p in problems:
             print(f"{args.file}: {p}", file=sys.stderr)
-        sys.exit(f"{args.file}: not exported ({len(problems)} corrupted datasets)")
-    np.savez(args.out, **out)
+        raise BadFile(f"{args.file}: not exported ({len(problems)} corrupted datasets)")
+    try:
+        np.savez(args.out, **out)
+    except OSError as e:
+        raise BadFile(f"{args.out}: cannot write: {' '.join(str(e).split())}") from None
     print(f"{args.out}: {len(out)} arrays")
     return 0
 
@@ -255,28 +271,35 @@ def main():
         try:
             code = run(args)
         except SystemExit as e:
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
             code = e.code if isinstance(e.code, int) else 1
+        except BaseException:  # a fault of the tool: its traceback, exit 1
+            traceback.print_exc()
+            code = 1
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        sys.exit(f"{args.file}: cannot read: libhdf5 failed on it "
-                 f"({signal.Signals(os.WTERMSIG(status)).name}); the file is damaged")
+        print(f"{args.file}: cannot read: libhdf5 failed on it "
+              f"({signal.Signals(os.WTERMSIG(status)).name}); the file is damaged", file=sys.stderr)
+        return EXIT_INPUT
     return os.WEXITSTATUS(status)
 
 
 def run(args):
+    """The command's exit code; a bad file is its one error line on stderr and EXIT_INPUT."""
     try:
         return args.run(args) or 0
     except BrokenPipeError:  # output piped into head: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except BadFile as e:
+        print(e, file=sys.stderr)
+        return EXIT_INPUT
     except (OSError, KeyError, RuntimeError, ValueError, TypeError) as e:
         # A damaged file (cut short while written, overwritten) fails deep inside h5py.
-        sys.exit(f"{args.file}: cannot read: {' '.join(str(e).split())}")
+        print(f"{args.file}: cannot read: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_INPUT
 
 
 if __name__ == "__main__":

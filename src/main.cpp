@@ -131,6 +131,7 @@ int run_plan(const Options& o, int world_rank, int world_size) {
     return kExitOk;
   }
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
+  if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
   log::info(parallel::plan_report(config, grid.layout()));
   return kExitOk;
@@ -254,6 +255,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
 
   Kokkos::ScopeGuard kokkos(argc, argv);
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
+  if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
   log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,
                 " on ", world_size, " rank(s)"));

@@ -3,8 +3,9 @@
 # src/ckpt/checkpoint.hpp documents, its checksums computed with plain Python integers (an
 # implementation independent of the tool's numpy one): list shows tensors, state and grid;
 # export gives back the arrays; verify passes, and fails naming the dataset on a corrupted
-# copy; export refuses the corrupted copy. (test_ckpt_restart runs the tool on files that
-# the C++ writer made.)
+# copy; export refuses the corrupted copy. A bad file of the user's (missing, not a ptrain
+# file, incomplete, corrupted, damaged) is one line and exit code 2, as ptrain's input errors;
+# success is 0. (test_ckpt_restart runs the tool on files that the C++ writer made.)
 set -euo pipefail
 : "${PTRAIN_SOURCE_DIR:?}"
 PY=/usr/bin/python3
@@ -105,29 +106,50 @@ with h5py.File("bad.h5", "r+") as f:
 set +e
 "$TOOL" verify bad.h5 >bad.txt 2>&1; rc=$?
 set -e
-[ "$rc" != 0 ] || fail "verify passed a corrupted file"
+[ "$rc" = 2 ] || fail "verify of a corrupted file: exit code $rc, not 2"
 grep -q "/optim/m/h.0.mlp.fc.weight: checksum mismatch" bad.txt || fail "verify: $(cat bad.txt)"
 grep -q "1 of 53 datasets FAILED" bad.txt || fail "verify: $(cat bad.txt)"
-if "$TOOL" export bad.h5 bad.npz --optim >/dev/null 2>&1; then fail "export took a corrupted file"; fi
+set +e
+"$TOOL" export bad.h5 bad.npz --optim >bad.txt 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "export of a corrupted file: exit code $rc, not 2: $(cat bad.txt)"
+grep -q "bad.h5: not exported (1 corrupted datasets)" bad.txt || fail "export: $(cat bad.txt)"
 [ ! -e bad.npz ] || fail "export wrote bad.npz"
 
-# 6. Not a checkpoint.
-echo "plain text" >text.h5
-if "$TOOL" verify text.h5 >/dev/null 2>&1; then fail "verify passed a text file"; fi
-
-# 7. Incomplete files: verify and export each fail with one line naming what is missing.
-#    refuse FILE WANT: both commands exit non-zero, print one line containing WANT, no
-#    traceback, and export writes nothing.
-tool() {  # tool verify|export FILE: its output in out.txt, its exit code in rc
+# 6. Not a checkpoint, no file at all, a file without format_version, an output that cannot
+#    be written: one line, exit code 2.
+tool() {  # tool verify|export|list FILE: its output in out.txt, its exit code in rc
   set +e
   if [ "$1" = export ]; then "$TOOL" export "$2" out.npz; else "$TOOL" "$1" "$2"; fi >out.txt 2>&1
   rc=$?
   set -e
 }
+user_error() {  # user_error CMD FILE WANT: exit code 2 and one line containing WANT
+  tool "$1" "$2"
+  [ "$rc" = 2 ] || fail "$1 $2: exit code $rc, not 2: $(cat out.txt)"
+  [ "$(wc -l <out.txt)" = 1 ] || fail "$1 $2: not one line: $(cat out.txt)"
+  grep -qF -- "$3" out.txt || fail "$1 $2: expected '$3', got: $(cat out.txt)"
+}
+echo "plain text" >text.h5
+"$PY" -c 'import h5py; h5py.File("foreign.h5", "w").create_dataset("x", data=[1.0])'
+for cmd in list verify export; do
+  user_error $cmd text.h5 "text.h5: cannot open:"
+  user_error $cmd missing.h5 "missing.h5: cannot open:"
+  user_error $cmd foreign.h5 "foreign.h5: not a ptrain checkpoint or weights file (format_version missing)"
+done
+set +e
+"$TOOL" export ckpt_00000042.h5 no/such/folder/out.npz >out.txt 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "export into a missing folder: exit code $rc, not 2: $(cat out.txt)"
+grep -q "no/such/folder/out.npz: cannot write:" out.txt || fail "export into a missing folder: $(cat out.txt)"
+
+# 7. Incomplete files: verify and export each fail with one line naming what is missing.
+#    refuse FILE WANT: both commands exit 2, print one line containing WANT, no traceback,
+#    and export writes nothing.
 refuse() {
   for cmd in verify export; do
     tool $cmd "$1"
-    [ "$rc" != 0 ] || fail "$cmd passed $1: $(cat out.txt)"
+    [ "$rc" = 2 ] || fail "$cmd $1: exit code $rc, not 2: $(cat out.txt)"
     [ "$(wc -l <out.txt)" = 1 ] || fail "$cmd $1: not one line: $(cat out.txt)"
     grep -qF -- "$2" out.txt || fail "$cmd $1: expected '$2', got: $(cat out.txt)"
     [ ! -e out.npz ] || fail "$cmd $1 wrote out.npz"
@@ -150,7 +172,7 @@ edit sgd.h5 'del f["optim"]; f.attrs["deck"] = np.bytes_("&train\n    optimizer 
 "$TOOL" verify sgd.h5 >out.txt 2>&1 || fail "verify of an SGD checkpoint (no moments): $(cat out.txt)"
 
 # 8. Damaged files: cut short, or zeros past a point (a write that stopped), or written by a
-#    process that was killed before closing it: one line and a non-zero exit, never a traceback.
+#    process that was killed before closing it: one line and exit code 2, never a traceback.
 size=$(stat -c %s ckpt_00000042.h5)
 for keep in 100 2000 $((size / 2)) $((size - 1)); do
   head -c "$keep" ckpt_00000042.h5 >cut.h5
@@ -172,7 +194,7 @@ os._exit(0)
 '
 for cmd in verify export; do
   tool $cmd killed.h5
-  [ "$rc" != 0 ] || fail "$cmd passed killed.h5"
+  [ "$rc" = 2 ] || fail "$cmd killed.h5: exit code $rc, not 2: $(cat out.txt)"
   [ "$(wc -l <out.txt)" = 1 ] || fail "$cmd killed.h5: not one line: $(cat out.txt)"
 done
 echo "ckpt_tool: list, export, verify OK"

@@ -4,10 +4,13 @@
 // full file system (a small tmpfs, when this process may mount one) end within seconds with
 // the same one-line error on every rank, the temporary file removed and `latest` and the kept
 // checkpoints as they were; non-finite values are never written; final weights replace the old
-// file only once written and verified; unusable output folders are found before step 1; and a
-// checkpoint missing a tensor or its /state is refused on load.
+// file only once written and verified; unusable output folders are found before step 1; a
+// checkpoint missing a tensor or its /state is refused on load; and so is a file whose group
+// link heap is damaged, with an error, not a crash inside libhdf5; and names and values from a
+// file appear in errors on one line.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <malloc.h>
 #include <mpi.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -490,4 +493,131 @@ TEST(CkptErrors, FilesMissingATensorOrTheStateAreRefused) {
             }),
             weights + ": no dataset /model/h.3.ln_2.bias (the model needs shape (16))");
   EXPECT_EQ(whole, std::vector<float>(whole.size(), -1.0f));
+}
+
+// Found by regression/fuzz/weights_fuzzer: the catalogue of a file listed a group's links by
+// index in name order (H5Lget_name_by_idx, H5_ITER_INC). For a group with dense link storage
+// (/model has more than 8 links) libhdf5 1.10 builds a table of all the links on each such
+// call, and when the group's link heap is damaged (its direct block fails its checksum) it frees
+// the table's uninitialised entries (H5G__dense_get_name_by_idx -> H5G__link_release_table ->
+// free of a garbage pointer): a crash inside libhdf5 (SEGV under ASan, "free(): invalid
+// pointer" or heap corruption without), in place of an error. The links are now walked in the
+// storage's native order, which needs no table: the load fails with one line, on every rank.
+// While rank 0 (which reads the catalogue) loads, glibc's M_PERTURB fills fresh allocations
+// with a pattern (the complement of 0xa5), so that the old code frees a garbage pointer every
+// time, not only when the heap happens to hold one.
+TEST(CkptErrors, ADamagedLinkHeapIsAnErrorNotACrashInsideHdf5) {
+  struct Perturb {
+    Perturb() {
+      if (world_rank() == 0) mallopt(M_PERTURB, 0xa5);
+    }
+    ~Perturb() {
+      if (world_rank() == 0) mallopt(M_PERTURB, 0);
+    }
+  };
+  TempDir dir;
+  const Shards shards;
+  const std::string checkpoint = save(dir.path(), shards, 3).path;
+  const std::string weights = dir.file("final.h5");
+  ckpt::save_owned_weights<float>(weights, MPI_COMM_WORLD, shards.chunks, shards.in(false),
+                                  kEveryOwner, kAttrs);
+  // A copy with one byte changed inside the first fractal-heap direct block ("FHDB"): the link
+  // heap of the first group with dense links (/model in a weights file).
+  auto damaged = [&](const std::string& path) {
+    const std::string copy = path + ".damaged.h5";
+    if (world_rank() == 0) {
+      std::string bytes = read_file(path);
+      const std::size_t at = bytes.find("FHDB");
+      EXPECT_NE(at, std::string::npos) << path << " has no fractal heap";
+      if (at != std::string::npos) bytes[at + 40] = static_cast<char>(bytes[at + 40] ^ 0x5a);
+      std::ofstream(copy, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    }
+    barrier();
+    return copy;
+  };
+  const std::string bad_weights = damaged(weights);
+  std::vector<float> whole(std::size_t(shards.chunks[0].numel), -1.0f);
+  const std::string e = error_of([&] {
+    Perturb perturb;
+    ckpt::load_weights<float>(bad_weights, MPI_COMM_WORLD, shards.chunks, {whole.data()},
+                              [](const TensorSpec&) { return world_rank() == 0; });
+  });
+  EXPECT_TRUE(contains(e, bad_weights + ": /model: ")) << e;
+  EXPECT_EQ(whole, std::vector<float>(whole.size(), -1.0f));
+
+  const std::string bad_checkpoint = damaged(checkpoint);
+  Shards got(false);
+  const std::string e2 = error_of([&] {
+    Perturb perturb;
+    ckpt::load_checkpoint<float>(bad_checkpoint, "", MPI_COMM_WORLD, got.chunks, got.out(),
+                                 kEveryOwner);
+  });
+  EXPECT_TRUE(contains(e2, bad_checkpoint + ": /")) << e2;
+  EXPECT_EQ(got.data, Shards(false).data) << "a refused load changed the buffers";
+}
+
+// Found by regression/fuzz/weights_fuzzer: names and values read from a file went into errors
+// as they were, so a damaged (or hostile) file made a message of several lines, or one with
+// terminal control bytes ("<file>: /model/<raw bytes>: bad object header version number").
+// They are now written with \xNN for control characters (and cut to 200 characters).
+TEST(CkptErrors, NamesAndValuesFromAFileAreWrittenOnOneLineInErrors) {
+  TempDir dir;
+  const Shards shards;
+  const std::string good = save(dir.path(), shards, 3).path;
+  // A copy changed by rank 0 with HDF5 (`edit` gets the open file).
+  auto edited = [&](const std::string& name, auto edit) {
+    const std::string copy = dir.file(name);
+    if (world_rank() == 0) {
+      fs::copy_file(good, copy);
+      hid_t f = H5Fopen(copy.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      edit(f);
+      H5Fclose(f);
+    }
+    barrier();
+    return copy;
+  };
+  auto load = [&](const std::string& path) {
+    Shards got(false);
+    return error_of([&] {
+      ckpt::load_checkpoint<float>(path, "", MPI_COMM_WORLD, got.chunks, got.out(), kEveryOwner);
+    });
+  };
+  // A link whose name holds a new line and an escape, leading nowhere (H5Oopen fails).
+  const std::string dangling = edited("dangling.h5", [](hid_t f) {
+    EXPECT_GE(H5Lcreate_soft("/nowhere", f, "/model/x\ny\x1b[31m", H5P_DEFAULT, H5P_DEFAULT), 0);
+  });
+  EXPECT_TRUE(contains(load(dangling), dangling + ": /model/x\\x0ay\\x1b[31m: ")) << load(dangling);
+  // A dataset the model does not have, named with a tab.
+  const std::string extra = edited("extra.h5", [](hid_t f) {
+    const hsize_t n = 2;
+    hid_t space = H5Screate_simple(1, &n, nullptr);
+    hid_t d = H5Dcreate2(f, "/optim/m/tab\there", H5T_IEEE_F32LE, space, H5P_DEFAULT,
+                         H5P_DEFAULT, H5P_DEFAULT);
+    EXPECT_GE(d, 0);
+    H5Dclose(d);
+    H5Sclose(space);
+  });
+  EXPECT_EQ(load(extra), extra + ": /optim/m/tab\\x09here is not a tensor of this model "
+                                 "(the checkpoint is of another model)");
+  // A format_version of two lines.
+  const std::string version = edited("version.h5", [](hid_t f) {
+    H5Adelete(f, "format_version");
+    hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, 3);
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, "format_version", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    EXPECT_GE(H5Awrite(a, type, "2\n3"), 0);
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Tclose(type);
+  });
+  EXPECT_EQ(load(version), version + ": format_version 2\\x0a3 is not supported (this ptrain "
+                                     "reads checkpoints of format_version 2)");
+  std::vector<float> whole(std::size_t(shards.chunks[0].numel), -1.0f);
+  EXPECT_EQ(error_of([&] {
+              ckpt::load_weights<float>(version, MPI_COMM_WORLD, shards.chunks, {whole.data()},
+                                        [](const TensorSpec&) { return world_rank() == 0; });
+            }),
+            version + ": format_version 2\\x0a3 is not supported (this ptrain reads 1, and 2 for "
+                      "checkpoints)");
 }

@@ -187,7 +187,7 @@ std::string checkpoint_version_problem(const std::string& path,
                ": is a weights file (format_version 1: parameters only), not a training "
                "checkpoint; start from it with model%init_from instead");
   if (version->second != kCheckpointFormatVersion)
-    return cat(path, ": format_version ", version->second,
+    return cat(path, ": format_version ", h5::printable(version->second),
                " is not supported (this ptrain reads checkpoints of format_version ",
                kCheckpointFormatVersion, ")");
   return {};
@@ -245,7 +245,7 @@ std::string catalog_problem(const std::string& path, const Catalog& file,
     }
     for (const auto& [name, d] : datasets)
       if (!names.count(name))
-        return cat(path, ": /", kGroup[k], "/", name,
+        return cat(path, ": /", kGroup[k], "/", h5::printable(name),
                    " is not a tensor of this model (the checkpoint is of another model)");
   }
   return {};

@@ -491,17 +491,23 @@ std::map<std::string, FileDataset> read_group(hid_t file, const std::string& pat
   std::map<std::string, FileDataset> out;
   const std::string where = cat(path, ": /", group_name);
   auto group = h5::group(H5Gopen2(file, group_name.c_str(), H5P_DEFAULT), where);
-  H5G_info_t info;
-  h5::check(H5Gget_info(group.get(), &info), where);
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    const ssize_t len = H5Lget_name_by_idx(group.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr,
-                                           0, H5P_DEFAULT);
-    h5::check(static_cast<herr_t>(len < 0 ? -1 : 0), where);
-    std::string name(static_cast<std::size_t>(len) + 1, '\0');
-    H5Lget_name_by_idx(group.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
-                       H5P_DEFAULT);
-    name.resize(static_cast<std::size_t>(len));
-    const std::string what = cat(where, "/", name);
+  // The link names in the storage's own order (the map `out` sorts them). Not by index in
+  // name order (H5Lget_name_by_idx, H5_ITER_INC): for a group with dense link storage (more
+  // than 8 links, as /model has) HDF5 1.10 then builds a table of every link on each call, and
+  // when that fails on a damaged file it frees the table's uninitialised entries
+  // (H5G__dense_get_name_by_idx -> H5G__link_release_table): a crash inside libhdf5 instead
+  // of an error. Native order walks the links without a table.
+  std::vector<std::string> names;
+  h5::check(H5Literate(
+                group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr,
+                [](hid_t, const char* name, const H5L_info_t*, void* list) -> herr_t {
+                  static_cast<std::vector<std::string>*>(list)->push_back(name);
+                  return 0;
+                },
+                &names),
+            where);
+  for (const std::string& name : names) {
+    const std::string what = cat(where, "/", h5::printable(name));  // names are the file's
     auto obj = h5::checked(H5Oopen(group.get(), name.c_str(), H5P_DEFAULT), H5Oclose, what);
     if (H5Iget_type(obj.get()) != H5I_DATASET) continue;
     FileDataset d;
@@ -538,21 +544,22 @@ Catalog read_catalog(const std::string& path, const std::vector<std::string>& gr
   Catalog c;
   try {
     auto file = open_serial(path);
+    // In native order, for the reason read_group gives (dense attribute storage alike).
     std::vector<std::string> attr_names;
-    hsize_t idx = 0;
-    H5Aiterate2(
-        file.get(), H5_INDEX_NAME, H5_ITER_INC, &idx,
-        [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
-          static_cast<std::vector<std::string>*>(out)->push_back(name);
-          return 0;
-        },
-        &attr_names);
+    h5::check(H5Aiterate2(
+                  file.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr,
+                  [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+                    static_cast<std::vector<std::string>*>(out)->push_back(name);
+                    return 0;
+                  },
+                  &attr_names),
+              cat(path, ": root attributes"));
     for (const auto& name : attr_names) {
-      auto attr = h5::attribute(H5Aopen(file.get(), name.c_str(), H5P_DEFAULT),
-                                cat(path, ": attribute ", name));
+      const std::string what = cat(path, ": attribute ", h5::printable(name));
+      auto attr = h5::attribute(H5Aopen(file.get(), name.c_str(), H5P_DEFAULT), what);
       auto type = h5::type(H5Aget_type(attr.get()), path);
       if (H5Tget_class(type.get()) == H5T_STRING)
-        c.attributes[name] = read_string_attr(attr.get(), cat(path, ": attribute ", name));
+        c.attributes[name] = read_string_attr(attr.get(), what);
     }
     c.error = check(c.attributes);
     if (!c.error.empty()) return c;

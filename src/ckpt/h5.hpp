@@ -3,6 +3,7 @@
 #pragma once
 #include <hdf5.h>
 
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -26,6 +27,24 @@ class QuietErrors {
   void* data_ = nullptr;
 };
 
+// Text read from a file (a link or attribute name, an attribute's value) or given by HDF5, fit
+// for a one-line message: control characters written as \xNN, and cut to 200 characters.
+inline std::string printable(const std::string& text) {
+  constexpr std::size_t kLength = 200;
+  std::string out;
+  for (char c : text.substr(0, kLength)) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x",
+                    static_cast<unsigned>(static_cast<unsigned char>(c)));
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  return text.size() > kLength ? out + "..." : out;
+}
+
 // The most specific message on HDF5's current error stack ("truncated file: eof = ...").
 inline std::string last_error() {
   std::string text;
@@ -37,7 +56,7 @@ inline std::string last_error() {
       },
       &text);
   H5Eclear2(H5E_DEFAULT);
-  return text.empty() ? std::string("unknown HDF5 error") : text;
+  return text.empty() ? std::string("unknown HDF5 error") : printable(text);
 }
 
 // One HDF5 identifier, closed with its own close function when the owner dies.

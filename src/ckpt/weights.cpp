@@ -24,7 +24,8 @@ std::string weights_version_problem(const std::string& path,
   if (version == attributes.end())
     return cat(path, ": not a ptrain weights file (no format_version attribute)");
   if (version->second != kWeightsFormatVersion && version->second != "2")
-    return cat(path, ": format_version ", version->second, " is not supported (this ptrain reads ",
+    return cat(path, ": format_version ", h5::printable(version->second),
+               " is not supported (this ptrain reads ",
                kWeightsFormatVersion, ", and 2 for checkpoints)");
   return {};
 }
@@ -316,7 +317,7 @@ void load_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
   if (!ignored.empty()) {
     std::string list;
     for (std::size_t i = 0; i < ignored.size() && i < 5; ++i)
-      list += cat(i ? ", " : "", ignored[i]);
+      list += cat(i ? ", " : "", h5::printable(ignored[i]));
     log::warn(cat(path, ": ", ignored.size(), " dataset(s) of /model are not part of the model ",
                   "and were ignored: ", list, ignored.size() > 5 ? ", ..." : ""));
   }

@@ -37,6 +37,7 @@ struct Config {
 #undef PTRAIN_NOLIMIT
 
   std::string deck_path;  // where it was read from ("<string>" for text)
+  int deck_keys = -1;     // keys the deck text itself assigns (--set not counted); -1: unknown
 };
 
 }  // namespace ptrain

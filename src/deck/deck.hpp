@@ -4,6 +4,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -16,11 +17,19 @@ namespace ptrain::deck {
 
 // Rank 0 reads `path`, applies `overrides` ("group%key=value"), validates for
 // `world_size` ranks and broadcasts the echoed deck, which every rank parses: all ranks
-// return the identical Config. On an error every rank throws the same Error (exit code 2).
+// return the identical Config (its deck_keys counts the file's keys, not the echo's). On an
+// error every rank throws the same Error (exit code 2).
 Config load(MPI_Comm comm, const std::string& path, const std::vector<std::string>& overrides,
             int world_size);
 
+// The warning the driver logs when the deck file assigns no key at all (config.deck_keys == 0,
+// e.g. an empty file: the run is every default, 100 steps): "deck FILE sets no keys: every
+// value [but the N --set override(s)] is the default (ptrain --help-deck lists them)";
+// "" when the deck sets a key or its count is unknown (-1).
+std::string no_keys_warning(const Config& config, std::size_t n_overrides);
+
 // Parse deck text (errors name `filename`), then apply overrides. No cross-field validation.
+// config.deck_keys = the number of keys the text assigns (the overrides are not counted).
 Config parse_text(const std::string& text, const std::string& filename,
                   const std::vector<std::string>& overrides = {});
 // parse_text of a file's contents; config.deck_path = path.

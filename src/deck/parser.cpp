@@ -906,7 +906,8 @@ void check_headers(const std::string& text, const std::vector<Location>& group_a
   }
 }
 
-void parse_deck(const std::string& text, Config& config, const Origin& o) {
+// Returns how many keys the text assigns (any element of them).
+int parse_deck(const std::string& text, Config& config, const Origin& o) {
   Reader r(text, o);
   Tracker tracker;
   std::vector<Location> group_at(group_specs().size());
@@ -933,6 +934,11 @@ void parse_deck(const std::string& text, Config& config, const Origin& o) {
     parse_group(r, g, at, config, tracker, o);
   }
   check_headers(text, group_at, o);
+  int keys = 0;
+  for (const auto& elements : tracker.set_at)
+    keys += std::any_of(elements.begin(), elements.end(),
+                        [](const Location& where) { return where.line != 0; });
+  return keys;
 }
 
 void apply_override(const std::string& arg, Config& config, Tracker& tracker) {
@@ -1034,7 +1040,7 @@ Config parse_text(const std::string& text, const std::string& filename,
   Config config = defaults();
   Origin o;
   o.file = filename.empty() ? "<deck>" : filename;
-  parse_deck(text, config, o);
+  config.deck_keys = parse_deck(text, config, o);
   Tracker tracker;
   for (const std::string& arg : overrides) apply_override(arg, config, tracker);
   config.deck_path = filename;
