@@ -15,6 +15,11 @@
 # 4), D_MODEL (768), N_HEAD (12), VOCAB (50304), SEQ_LEN (256), GLOBAL_BATCH (16, a multiple
 # of every m), BASE_MICRO (4, the baseline's micro-batch), MS ("4 8 16", even), e.g.
 #   D_MODEL=128 N_HEAD=4 VOCAB=512 regression/bench/pipeline.sh build/ptrain 3 1
+# The last stage also carries the LM head (at vocab 50304 about five blocks' worth of FLOPs),
+# so an even split leaves the first stage waiting; PP_LAYERS (two counts, 1f1b) and
+# PP_LAYERS_V2 (four, interleaved: chunk c of stage s is number 2c+s+1) set
+# parallel%pp_layers, e.g. PP_LAYERS=9,3 PP_LAYERS_V2=4,2,5,1 for 124M shapes. The table also
+# gives bubble_model: the schedule simulated at each step's measured stage times.
 repeats=${3:-2}
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 N_LAYER=${N_LAYER:-12} D_MODEL=${D_MODEL:-768} N_HEAD=${N_HEAD:-12} VOCAB=${VOCAB:-50304}
@@ -64,24 +69,27 @@ for ((k = 1; k <= repeats; k++)); do
     m=${c%%:*} sched=${c#*:} name="pp-${c/:/-}-$k"
     extra=(--set parallel%pp_schedule="'$sched'")
     [ "$sched" = interleaved ] && extra+=(--set parallel%virtual_stages=2)
+    [ "$sched" = 1f1b ] && [ -n "${PP_LAYERS:-}" ] && extra+=(--set parallel%pp_layers="$PP_LAYERS")
+    [ "$sched" = interleaved ] && [ -n "${PP_LAYERS_V2:-}" ] && extra+=(--set parallel%pp_layers="$PP_LAYERS_V2")
     launch "$name" 2 core 1 --set parallel%pp=2 --set train%micro_batch=$((GLOBAL_BATCH / m)) "${extra[@]}"
     tok=$(colmean tokens_per_s "$tmp/$name/log.csv")
     echo "$tok" >>"$tmp/${c/:/-}.tok"
     awk -v a="$tok" -v b="$(cat "$tmp/base$k.tok")" 'BEGIN { printf "%.4f\n", a / b }' >>"$tmp/${c/:/-}.ratio"
     colmean bubble "$tmp/$name/log.csv" >>"$tmp/${c/:/-}.bubble"
     colmean bubble_theory "$tmp/$name/log.csv" >>"$tmp/${c/:/-}.theory"
+    colmean bubble_model "$tmp/$name/log.csv" >>"$tmp/${c/:/-}.model"
     printf '  m %-3s %-12s %10.1f tok/s, bubble %s\n' "$m" "$sched" "$tok" "$(tail -n 1 "$tmp/${c/:/-}.bubble")"
   done
 done
 
 echo
-printf '%-4s %-12s %6s %10s %20s %8s %8s\n' m schedule micro "tok/s" "ratio min/med/max" bubble theory
+printf '%-4s %-12s %6s %10s %20s %8s %8s %8s\n' m schedule micro "tok/s" "ratio min/med/max" bubble model theory
 base=$(cat "$tmp"/base*.tok | median)
-printf '%-4s %-12s %6s %10.1f %20s %8s %8s\n' - "1 rank" "$BASE_MICRO" "$base" "1.00" - -
+printf '%-4s %-12s %6s %10.1f %20s %8s %8s %8s\n' - "1 rank" "$BASE_MICRO" "$base" "1.00" - - -
 for c in "${configs[@]}"; do
   m=${c%%:*} sched=${c#*:} f="$tmp/${c/:/-}"
   label=$sched
   [ "$sched" = interleaved ] && label="interleaved2"
-  printf '%-4s %-12s %6s %10.1f %20s %8s %8s\n' "$m" "$label" $((GLOBAL_BATCH / m)) "$(median <"$f.tok")" \
-    "$(spread <"$f.ratio")" "$(median <"$f.bubble")" "$(median <"$f.theory")"
+  printf '%-4s %-12s %6s %10.1f %20s %8s %8s %8s\n' "$m" "$label" $((GLOBAL_BATCH / m)) "$(median <"$f.tok")" \
+    "$(spread <"$f.ratio")" "$(median <"$f.bubble")" "$(median <"$f.model")" "$(median <"$f.theory")"
 done

@@ -182,9 +182,9 @@ TEST(TensorParallel, BytesPerStepAreTwoAllReducesPerLayerEachWay) {
   const double BT = double(c.train.micro_batch * c.model.seq_len), C = double(c.model.d_model);
   const double m = double(c.train.global_batch / c.train.micro_batch);
   // Per micro-batch: forward embedding + 2 per block, backward head + 2 per block, each an
-  // all-reduce of (B*T, C); the loss's row max and (sum-exp, target) of B*T; plus the
-  // gradient norm's scalar.
-  const double expect = m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT) + ring * 8;
+  // all-reduce of (B*T, C); the loss's row max and (sum-exp, target) of B*T. (The gradient
+  // norm's scalar is summed over the whole grid at once, not on this group.)
+  const double expect = m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT);
   for (double b : r.tp_bytes) EXPECT_DOUBLE_EQ(b, expect);
 
   // Sequence parallel: each all-reduce becomes a reduce-scatter plus an all-gather of the
@@ -193,7 +193,7 @@ TEST(TensorParallel, BytesPerStepAreTwoAllReducesPerLayerEachWay) {
   sp.parallel.sequence_parallel = true;
   const RunRecord q = train<double>(sp, MPI_COMM_WORLD);
   const double expect_sp =
-      m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT + (2 * L + 1) * 2 * C) + ring * 8;
+      m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT + (2 * L + 1) * 2 * C);
   for (double b : q.tp_bytes) EXPECT_DOUBLE_EQ(b, expect_sp);
 }
 
@@ -209,14 +209,16 @@ TEST(DataParallel, BytesPerStepAreTheRingFormulas) {
     for (const auto& u : model::units_of(layout))
       if (u.kind == model::Unit::embedding) emb = double(u.hi - u.lo);
     const double m = double(c.train.global_batch / (c.train.micro_batch * D));
-    const double ring = double(D - 1) / D, norm = 2 * ring * 8;  // + the norm's scalar sum
+    // (The loss and the squared norm are summed in one all-reduce over the whole grid, not
+    // on this group.)
+    const double ring = double(D - 1) / D;
     const double expect[4] = {
-        2 * ring * Npad * w + norm,                    // all-reduce
-        2 * ring * Npad * w + ring * Npad * w + norm,  // + all-gather params
-        m * ring * N * w + ring * Npad * w + norm,     // reduce-scatter + gather
+        2 * ring * Npad * w,                    // all-reduce
+        2 * ring * Npad * w + ring * Npad * w,  // + all-gather params
+        m * ring * N * w + ring * Npad * w,     // reduce-scatter + gather
         // + every unit gathered for its forward and again for its backward, but the
         // embedding (kept for the tied head) once per step
-        m * ring * N * w + m * ring * 2 * (N - emb) * w + ring * emb * w + norm};
+        m * ring * N * w + m * ring * 2 * (N - emb) * w + ring * emb * w};
     for (double b : r.bytes) EXPECT_DOUBLE_EQ(b, expect[z]) << "ZeRO " << z;
   }
 }

@@ -187,6 +187,23 @@ TEST(Schedule, InterleavedBubbleIsSmallerAndMatchesTheFormula) {
       }
 }
 
+TEST(Schedule, UnequalStagesAndWaitsBeforeTheLastOp) {
+  // GPipe, P = 2, m = 4, tb = 2 tf. Rank 1's forwards take 1.5: rank 0 waits for the first
+  // gradient from t = 4 (its forwards) until rank 1 has done its forwards (from 1 to 7) and
+  // B0 (7 to 9), so 5; rank 1 waits 1 at the start, and its idle tail after its last op (while
+  // rank 0 does B3) is not a wait for a message.
+  const auto lists = make_schedule(kGpipe, 2, 4, 1);
+  const ScheduleTiming t = simulate_schedule(lists, 2, 4, 1, {1.0, 1.5}, {2.0, 2.0});
+  ASSERT_EQ(t.waiting.size(), 2u);
+  EXPECT_DOUBLE_EQ(t.waiting[0], 5.0);
+  EXPECT_DOUBLE_EQ(t.waiting[1], 1.0);
+  EXPECT_DOUBLE_EQ(t.makespan, 4.0 + 5.0 + 4 * 2.0);  // rank 0: forwards, wait, backwards
+  // With equal stages rank 0's waits are the whole bubble, (P-1)*(tf+tb).
+  const ScheduleTiming even = simulate_schedule(lists, 2, 4, 1, 1, 2);
+  EXPECT_DOUBLE_EQ(even.waiting[0], 3.0);
+  EXPECT_DOUBLE_EQ(even.waiting[1], 1.0);
+}
+
 TEST(Schedule, SwappingTwoNonBlockingOpsIsAllowed) {
   // Sends and receives never block, so their order among themselves is free: rank 1's
   // send_act of mb 0 after the recv_act of mb 1 is still a valid list.

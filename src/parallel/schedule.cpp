@@ -300,6 +300,7 @@ std::vector<std::vector<int>> count_in_flight(const std::vector<OpList>& lists, 
 struct Replay {
   std::vector<std::vector<double>> start;  // [rank][op]
   std::vector<std::size_t> next;           // per rank, the first op not run
+  std::vector<double> finish;              // per rank, when its last op ends
   double makespan = 0;
 };
 
@@ -340,6 +341,7 @@ Replay replay(const std::vector<OpList>& lists, const Shape& s, const std::vecto
       rp.makespan = std::max(rp.makespan, clock[std::size_t(r)]);
     }
   }
+  rp.finish = clock;
   return rp;
 }
 
@@ -468,6 +470,7 @@ ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m,
     const double busy = m * v * (t_forward[std::size_t(r)] + t_backward[std::size_t(r)]);
     const double idle = rp.makespan > 0 ? (rp.makespan - busy) / rp.makespan : 0;
     timing.idle_fraction.push_back(idle);
+    timing.waiting.push_back(rp.finish[std::size_t(r)] - busy);
     timing.bubble = std::max(timing.bubble, idle);
   }
   return timing;

@@ -69,6 +69,9 @@ struct ScheduleTiming {
   double makespan = 0;
   std::vector<double> idle_fraction;
   double bubble = 0;
+  // Per rank, the time it waits for messages before its own last op ends (idle time less
+  // the tail after it): what a rank measures as waits on the pipeline group.
+  std::vector<double> waiting;
 };
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
                                  double t_forward = 1, double t_backward = 2);

@@ -145,7 +145,8 @@ std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
 }
 
 // The measured bubble, and what the schedule gives with this step's forward and backward
-// times of every stage (stages are never quite equal: the embedding, the head, the cores).
+// times of every stage (stages are never quite equal: the embedding, the head, the cores),
+// both as the largest rank's waits for pipeline messages over the step time.
 template <class T>
 void Trainer<T>::measure_bubble(StepResult& r, double pp_wait_seconds) {
   const int P = pp_.size(), v = chunks();
@@ -163,9 +164,11 @@ void Trainer<T>::measure_bubble(StepResult& r, double pp_wait_seconds) {
     tb[std::size_t(k)] = times[2 * std::size_t(k) + 1];
   }
   const ScheduleTiming sim = simulate_schedule(schedule_, P, ops / v, v, tf, tb);
-  double idle = 0;
-  for (double f : sim.idle_fraction) idle = std::max(idle, f * sim.makespan);
-  double b[2] = {pp_wait_seconds / r.t_step, idle / r.t_step};
+  // Waits before each rank's last op, as the executor measures them (a rank that finishes
+  // early spends the tail in the next collective, not on the pipeline group).
+  double waiting = 0;
+  for (double w : sim.waiting) waiting = std::max(waiting, w);
+  double b[2] = {pp_wait_seconds / r.t_step, waiting / r.t_step};
   mpi::check(MPI_Allreduce(MPI_IN_PLACE, b, 2, MPI_DOUBLE, MPI_MAX, grid_.cart()),
              "trainer: MPI_Allreduce (pipeline bubble)");
   r.bubble = b[0];

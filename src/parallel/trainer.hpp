@@ -32,8 +32,8 @@ struct StepResult {
   // largest of any rank; 0 without a pipeline.
   double bubble = 0;
   // The bubble the schedule has with each stage's measured forward and backward times (the
-  // largest rank's idle time over the step time): what `bubble` should be when the executor
-  // adds nothing to the schedule.
+  // largest rank's simulated waits for messages over the step time): what `bubble` should be
+  // when the executor adds nothing to the schedule.
   double bubble_model = 0;
 };
 
