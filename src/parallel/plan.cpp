@@ -211,17 +211,14 @@ std::string schedule_picture(const Config& config) {
   return r;
 }
 
-std::string plan_report(const Config& config, const Layout& layout) {
+namespace {
+
+// The model, the step and its FLOPs, the pipeline and the predicted step time.
+std::string model_section(const Config& config, const Layout& layout) {
   std::string r;
   auto line = [&](const std::string& s) { r += s + "\n"; };
   const model::Dims d = model::dims_of(config);
   const auto& par = config.parallel;
-
-  line(cat("plan for ", config.deck_path, " on ", layout.world(), " ranks (", layout.num_nodes(),
-           " nodes, ", layout.max_ranks_per_node(), " ranks per node)"));
-  line("");
-  line(layout.describe());
-
   const std::int64_t n_global = model::global_parameter_count(config);
   line(cat("model: ", d.L, " layers, d_model ", d.C, ", ", d.NH, " heads, vocab ", d.V,
            d.Vpad != d.V ? cat(" (padded to ", d.Vpad, ", a multiple of tp)") : std::string(),
@@ -251,6 +248,14 @@ std::string plan_report(const Config& config, const Layout& layout) {
   }
   line("");
 
+  return r;
+}
+
+// Memory per rank by category, one row per distinct shard.
+std::string memory_section(const Config& config, const Layout& layout) {
+  std::string r;
+  auto line = [&](const std::string& s) { r += s + "\n"; };
+  const auto& par = config.parallel;
   // One row per distinct shard (rank 0 and the ranks that hold other parts of the model).
   line("per-rank memory (shard of the first rank with each (t,p,e) coordinate):");
   char head[256];
@@ -291,6 +296,15 @@ std::string plan_report(const Config& config, const Layout& layout) {
                        : cat("the micro-batches in flight under ", par.pp_schedule),
            ")"));
   line("");
+  return r;
+}
+
+// Bytes each group moves per step, from rank 0's shard.
+std::string comm_section(const Config& config, const Layout& layout) {
+  std::string r;
+  auto line = [&](const std::string& s) { r += s + "\n"; };
+  const model::Dims d = model::dims_of(config);
+  const auto& par = config.parallel;
   line("communication per step, sent by one rank (rank 0's shard):");
   model::ShardCoord sc0{0, int(par.tp), 0, int(par.pp), 0, int(par.ep), int(par.virtual_stages)};
   for (const auto& c : estimate_comm(config, sc0)) {
@@ -311,6 +325,16 @@ std::string plan_report(const Config& config, const Layout& layout) {
                                    : " (4 all-reduces of b*s*h: 2 forward, 2 backward)"));
   }
   return r;
+}
+
+}  // namespace
+
+std::string plan_report(const Config& config, const Layout& layout) {
+  std::string r = cat("plan for ", config.deck_path, " on ", layout.world(), " ranks (",
+                      layout.num_nodes(), " nodes, ", layout.max_ranks_per_node(),
+                      " ranks per node)\n\n", layout.describe(), "\n");
+  return r + model_section(config, layout) + memory_section(config, layout) +
+         comm_section(config, layout);
 }
 
 }  // namespace ptrain::parallel
