@@ -147,19 +147,20 @@ int blas_threads_for(const Config& config, const Grid& grid) {
   return std::max(1, cores / std::max(1, ranks_here));
 }
 
-template <class T>
-int train(const Config& config, const Grid& grid, bool bench) {
-  const int world = grid.world_size();
+// Sets this rank's BLAS threads and returns the per-rank peak MFU is measured against:
+// backend%peak_gflops, or an sgemm probe.
+double peak_gflops(const Config& config, const Grid& grid, bool bench) {
   const int threads = blas_threads_for(config, grid);
   kernels::set_blas_threads(threads);
-  double peak = config.backend.peak_gflops;
-  if (peak <= 0) {
-    peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3);
-    log::info(cat("peak: sgemm probe (1024x768x3072, ", threads, " BLAS thread(s) per rank) = ",
-                  fixed("%.1f", peak), " GFLOP/s per rank; MFU is measured against it"));
-  }
+  if (config.backend.peak_gflops > 0) return config.backend.peak_gflops;
+  const double peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3);
+  log::info(cat("peak: sgemm probe (1024x768x3072, ", threads, " BLAS thread(s) per rank) = ",
+                fixed("%.1f", peak), " GFLOP/s per rank; MFU is measured against it"));
+  return peak;
+}
 
-  parallel::Trainer<T> trainer(config, grid);
+template <class T>
+void log_model_and_data(const Config& config, const parallel::Trainer<T>& trainer) {
   std::int64_t held = 0;
   for (const auto& layout : trainer.layouts()) held += layout.numel;
   log::info(cat("model: ", model::global_parameter_count(config), " parameters, ",
@@ -169,6 +170,14 @@ int train(const Config& config, const Grid& grid, bool bench) {
   if (auto floor = trainer.data().entropy_floor())
     log::info(cat("data: entropy floor of the synthetic process = ", fixed("%.4f", *floor),
                   " nats/token (the best achievable loss)"));
+}
+
+template <class T>
+int train(const Config& config, const Grid& grid, bool bench) {
+  const int world = grid.world_size();
+  const double peak = peak_gflops(config, grid, bench);
+  parallel::Trainer<T> trainer(config, grid);
+  log_model_and_data(config, trainer);
 
   ckpt::initialise(config, grid, trainer);  // init_from, or from the seed
   const std::int64_t done = ckpt::resume(config, grid, trainer);

@@ -237,6 +237,49 @@ void save_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
   });
 }
 
+namespace {
+
+// Step 3 of load_weights: the chosen holders' checksums add up to the stored ones (the
+// same on every rank), or an Error naming the first corrupted tensor.
+void verify_checksums(MPI_Comm comm, const std::string& path, const std::string& where,
+                      const std::vector<Plan>& plans,
+                      const std::map<std::string, FileDataset>& datasets,
+                      std::vector<std::uint64_t>& checksum, std::vector<std::int64_t>& counted) {
+  mpi::sum(comm, checksum);
+  mpi::sum(comm, counted);
+  std::string first_bad;
+  std::size_t n_bad = 0;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    PTRAIN_REQUIRE(counted[i] == product(plans[i].shape), where, "the ranks chosen to verify ",
+                   plans[i].name, " read ", counted[i], " of its ", product(plans[i].shape),
+                   " elements (the predicate must choose each element exactly once)");
+    if (checksum[i] != datasets.at(plans[i].name).checksum && n_bad++ == 0)
+      first_bad = plans[i].name;
+  }
+  if (n_bad > 0)
+    throw Error(cat(path, ": /model/", first_bad, " checksum mismatch: the data is corrupted",
+                    n_bad > 1 ? cat(" (and ", n_bad - 1, " more tensors)") : std::string()));
+}
+
+// Datasets of /model the model does not have: named in one warning, and returned.
+std::vector<std::string> warn_ignored(const std::string& path,
+                                      const std::map<std::string, FileDataset>& datasets,
+                                      const std::map<std::string, Shape>& names) {
+  std::vector<std::string> ignored;
+  for (const auto& [name, d] : datasets)
+    if (!names.count(name)) ignored.push_back(name);
+  if (!ignored.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < ignored.size() && i < 5; ++i)
+      list += cat(i ? ", " : "", h5::printable(ignored[i]));
+    log::warn(cat(path, ": ", ignored.size(), " dataset(s) of /model are not part of the model ",
+                  "and were ignored: ", list, ignored.size() > 5 ? ", ..." : ""));
+  }
+  return ignored;
+}
+
+}  // namespace
+
 template <class T>
 void load_weights(const std::string& path, MPI_Comm comm, const std::vector<ChunkLayout>& chunks,
                   const std::vector<T*>& chunk_data, const TensorPredicate& verifies,
@@ -292,35 +335,13 @@ void load_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
       if (p.held) elements_read += numel_of(p.held->spec().slabs);
     }
   }
-  // 3. Verify: the chosen holders' checksums add up to the stored ones (same on every rank).
-  mpi::sum(comm, checksum);
-  mpi::sum(comm, counted);
-  std::string first_bad;
-  std::size_t n_bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    PTRAIN_REQUIRE(counted[i] == product(plans[i].shape), where, "the ranks chosen to verify ",
-                   plans[i].name, " read ", counted[i], " of its ", product(plans[i].shape),
-                   " elements (the predicate must choose each element exactly once)");
-    if (checksum[i] != datasets.at(plans[i].name).checksum && n_bad++ == 0)
-      first_bad = plans[i].name;
-  }
-  if (n_bad > 0)
-    throw Error(cat(path, ": /model/", first_bad, " checksum mismatch: the data is corrupted",
-                    n_bad > 1 ? cat(" (and ", n_bad - 1, " more tensors)") : std::string()));
+  // 3. Verify.
+  verify_checksums(comm, path, where, plans, datasets, checksum, counted);
 
   // 4. Only now the caller's buffers change.
   for (std::size_t c = 0; c < chunks.size(); ++c)
     std::copy(staging[c].begin(), staging[c].end(), chunk_data[c]);
-  std::vector<std::string> ignored;
-  for (const auto& [name, d] : datasets)
-    if (!names.count(name)) ignored.push_back(name);
-  if (!ignored.empty()) {
-    std::string list;
-    for (std::size_t i = 0; i < ignored.size() && i < 5; ++i)
-      list += cat(i ? ", " : "", h5::printable(ignored[i]));
-    log::warn(cat(path, ": ", ignored.size(), " dataset(s) of /model are not part of the model ",
-                  "and were ignored: ", list, ignored.size() > 5 ? ", ..." : ""));
-  }
+  std::vector<std::string> ignored = warn_ignored(path, datasets, names);
   if (report) {
     bool any4 = false, any8 = false;
     for (const auto& [name, shape] : names) {

@@ -32,18 +32,8 @@ struct Checker {
 
 std::string q(const std::string& s) { return format_value(s); }
 
-}  // namespace
-
-void validate(Config& c, int world_size) {
-  Checker ck{c.deck_path.empty() ? std::string("<deck>") : c.deck_path};
-  const auto& m = c.model;
-  auto& p = c.parallel;
-  const auto& t = c.train;
-  const auto& d = c.data;
-  ck.require(world_size >= 1, cat("world size ", world_size, " must be at least 1"));
-  // An empty folder makes the output paths "/log.csv", "/final.h5": the file system's root.
-  ck.require(!c.run.out_dir.empty(), "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')");
-  // Every key's own range and choices again: a Config may also be built in code.
+// Every key's own range and choices.
+void check_keys(const Checker& ck, const Config& c) {
   for (const KeySpec& spec : key_specs()) {
     for (int i = 0; i < spec.size(); ++i) {
       Value v;
@@ -57,6 +47,11 @@ void validate(Config& c, int world_size) {
     }
   }
 
+}
+
+// The grid's sizes against the world, and the axis order.
+void check_grid(const Checker& ck, Config& c, int world_size) {
+  auto& p = c.parallel;
   // The grid: D*T*P*C*E must be the world size.
   I64 tpce = ck.mul(ck.mul(ck.mul(p.tp, p.pp, "tp*pp"), p.cp, "tp*pp*cp"), p.ep, "tp*pp*cp*ep");
   if (p.dp == -1) {
@@ -80,6 +75,14 @@ void validate(Config& c, int world_size) {
     ck.require(sorted == want, cat("parallel%order = ", shown, " is not a permutation of t, c, e, d, p"));
   }
 
+}
+
+// Shapes tensor parallelism splits, and sizes the kernels index with 32-bit ints.
+void check_sizes(const Checker& ck, const Config& c) {
+  const auto& m = c.model;
+  const auto& p = c.parallel;
+  const auto& t = c.train;
+  const auto& d = c.data;
   // Model shapes against tensor parallelism.
   ck.require(m.d_model % m.n_head == 0,
              cat("model%n_head = ", m.n_head, " does not divide model%d_model = ", m.d_model));
@@ -115,6 +118,12 @@ void validate(Config& c, int world_size) {
   ck.require(val_tokens <= int_max, cat("data%val_samples*model%seq_len = ", d.val_samples, "*", m.seq_len, " = ",
                                         val_tokens, " tokens per validation pass exceed ", int_max));
 
+}
+
+// How the layers split over the pipeline chunks, and the schedule's needs.
+void check_pipeline(const Checker& ck, const Config& c) {
+  const auto& m = c.model;
+  const auto& p = c.parallel;
   // Pipeline: every stage chunk gets the same number of layers, or parallel%pp_layers says
   // how many each stage has; none are dropped, never silently uneven.
   I64 chunks = ck.mul(p.pp, p.virtual_stages, "parallel%pp*virtual_stages");
@@ -142,6 +151,13 @@ void validate(Config& c, int world_size) {
   ck.require(p.pp_schedule != "interleaved" || p.virtual_stages > 1,
              "parallel%pp_schedule = 'interleaved' needs parallel%virtual_stages > 1");
 
+}
+
+// Micro-batches per rank, context and expert parallelism, sequence parallelism.
+void check_batch_and_axes(const Checker& ck, const Config& c) {
+  const auto& m = c.model;
+  const auto& p = c.parallel;
+  const auto& t = c.train;
   // Batch: every data/expert-parallel rank runs whole micro-batches.
   I64 per_step = ck.mul(ck.mul(t.micro_batch, p.dp, "micro_batch*dp"), p.ep, "micro_batch*dp*ep");
   ck.require(t.global_batch % per_step == 0,
@@ -180,6 +196,12 @@ void validate(Config& c, int world_size) {
                    "/", p.cp, " = ", tokens));
   }
 
+}
+
+// Data sources and the backend.
+void check_data_and_backend(const Checker& ck, const Config& c) {
+  const auto& m = c.model;
+  const auto& d = c.data;
   // Data.
   if (d.source == "bytes")
     ck.require(m.vocab >= 256, cat("data%source = 'bytes' needs model%vocab >= 256 (got ", m.vocab, ")"));
@@ -190,6 +212,21 @@ void validate(Config& c, int world_size) {
   if (m.dtype == "bf16")
     ck.require(c.backend.device == "cuda",
                cat("model%dtype = 'bf16' needs backend%device = 'cuda' (got ", q(c.backend.device), ")"));
+}
+
+}  // namespace
+
+void validate(Config& c, int world_size) {
+  const Checker ck{c.deck_path.empty() ? std::string("<deck>") : c.deck_path};
+  ck.require(world_size >= 1, cat("world size ", world_size, " must be at least 1"));
+  // An empty folder makes the output paths "/log.csv", "/final.h5": the file system's root.
+  ck.require(!c.run.out_dir.empty(), "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')");
+  check_keys(ck, c);  // again: a Config may also be built in code
+  check_grid(ck, c, world_size);
+  check_sizes(ck, c);
+  check_pipeline(ck, c);
+  check_batch_and_axes(ck, c);
+  check_data_and_backend(ck, c);
 }
 
 }  // namespace ptrain::deck

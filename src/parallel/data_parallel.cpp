@@ -435,7 +435,10 @@ void DataParallel<T>::sum_tied_embedding(Comm& ends) {
     if (t.name == "wte.weight") wte = &t;
   if (!wte || (layout_.has_embedding && layout_.has_head)) return;
   // The whole tensor, zero but for this rank's shard of it; summed over both ends' shards.
-  TrackedView<T> whole(MemCategory::comm, "ptrain::tied_wte", std::size_t(wte->numel));
+  // Allocated at the first step and kept: it is needed every step.
+  if (tied_sum_.size() != std::size_t(wte->numel))
+    tied_sum_ = TrackedView<T>(MemCategory::comm, "ptrain::tied_wte", std::size_t(wte->numel));
+  TrackedView<T>& whole = tied_sum_;
   K::fill(whole.view(), T(0));
   const std::int64_t S = sizes_.shard, base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
   const std::int64_t lo = std::max(wte->offset, r_ * S),

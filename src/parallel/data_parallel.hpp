@@ -105,6 +105,7 @@ class DataParallel {
   DataParallelSizes sizes_;
   std::int64_t update_lo_ = 0, update_hi_ = 0;
   std::unique_ptr<Store> store_;
+  TrackedView<T> tied_sum_;  // sum_tied_embedding's buffer (only on a chunk with tied wte)
   double overlap_ = 1.0;
 };
 

@@ -42,6 +42,10 @@ PipelineExecutor<T>::PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpLis
   for (const Op& op : ops_) m = std::max(m, op.mb + 1);
   slot_of_.assign(std::size_t(v), std::vector<int>(std::size_t(m), -1));
   free_slots_.resize(std::size_t(v));
+  // Each chunk's last backward of the step: its data-parallel engine reduces from there on.
+  last_backward_.assign(std::size_t(v), -1);
+  for (std::size_t i = 0; i < ops_.size(); ++i)
+    if (ops_[i].kind == OpKind::backward) last_backward_[std::size_t(ops_[i].chunk)] = int(i);
   for (int c = 0; c < v; ++c)
     for (int s = chunks_[std::size_t(c)].stage->slots() - 1; s >= 0; --s)
       free_slots_[std::size_t(c)].push_back(s);
@@ -91,6 +95,20 @@ K::Vec<T> PipelineExecutor<T>::wait_recv(bool grad, int mb, int chunk, int sampl
 }
 
 template <class T>
+void PipelineExecutor<T>::release_recv(bool grad, int mb, int chunk) {
+  auto it = recvs_.find(tag(grad, mb, chunk));
+  free_buffers_.push_back(it->second.buffer);
+  recvs_.erase(it);
+}
+
+template <class T>
+void PipelineExecutor<T>::release_slot(int chunk, int mb) {
+  int& slot = slot_of_[std::size_t(chunk)][std::size_t(mb)];
+  free_slots_[std::size_t(chunk)].push_back(slot);
+  slot = -1;
+}
+
+template <class T>
 void PipelineExecutor<T>::send(bool grad, int mb, int chunk, int peer, const K::Vec<T>& data) {
   // The receiving chunk: the next global chunk for an activation, the previous for a gradient.
   const int to = (global(chunk) + (grad ? -1 : 1)) / P_;
@@ -128,9 +146,7 @@ void PipelineExecutor<T>::forward(int mb, int chunk, const MicroBatches& mbs, bo
   const int B = mbs.samples(mb);
   if (global(chunk) > 0) {
     K::copy<T>(stage.input(slot, B), wait_recv(false, mb, chunk, B));
-    auto it = recvs_.find(tag(false, mb, chunk));
-    free_buffers_.push_back(it->second.buffer);
-    recvs_.erase(it);
+    release_recv(false, mb, chunk);
   }
   const bool tokens = stage.layout().has_embedding || stage.layout().has_head;
   const model::MicroBatch batch = tokens ? mbs.fetch(mb) : model::MicroBatch{nullptr, nullptr, B};
@@ -153,10 +169,6 @@ std::pair<double, double> PipelineExecutor<T>::take_compute_seconds() {
 template <class T>
 double PipelineExecutor<T>::train(const MicroBatches& mbs, T dloss) {
   losses_.assign(std::size_t(mbs.count), 0.0);
-  // Each chunk's last backward of the step: the data-parallel engine reduces as it goes.
-  std::vector<int> last_backward(chunks_.size(), -1);
-  for (std::size_t i = 0; i < ops_.size(); ++i)
-    if (ops_[i].kind == OpKind::backward) last_backward[std::size_t(ops_[i].chunk)] = int(i);
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
     const int B = mbs.samples(op.mb);
@@ -174,19 +186,14 @@ double PipelineExecutor<T>::train(const MicroBatches& mbs, T dloss) {
         const int slot = slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)];
         K::CVec<T> dout;
         if (global(op.chunk) < last_global()) dout = wait_recv(true, op.mb, op.chunk, B);
-        ch.dp->begin_micro_batch(int(i) == last_backward[std::size_t(op.chunk)]);
+        ch.dp->begin_micro_batch(int(i) == last_backward_[std::size_t(op.chunk)]);
         const double t0 = wall_seconds();
         ch.stage->backward(slot, dloss, dout);
         Kokkos::fence();
         t_backward_ += wall_seconds() - t0;
         trace_op(true, op.mb, op.chunk, int(chunks_.size()), t0);
-        if (global(op.chunk) < last_global()) {
-          auto it = recvs_.find(tag(true, op.mb, op.chunk));
-          free_buffers_.push_back(it->second.buffer);
-          recvs_.erase(it);
-        }
-        free_slots_[std::size_t(op.chunk)].push_back(slot);
-        slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)] = -1;
+        if (global(op.chunk) < last_global()) release_recv(true, op.mb, op.chunk);
+        release_slot(op.chunk, op.mb);
         break;
       }
       case OpKind::send_grad:
@@ -215,8 +222,7 @@ std::vector<double> PipelineExecutor<T>::forward_only(const MicroBatches& mbs) {
         const int slot = slot_of_[std::size_t(c)][std::size_t(mb)];
         send(false, mb, c, (g + 1) % P_, chunks_[std::size_t(c)].stage->output(slot));
       }
-      free_slots_[std::size_t(c)].push_back(slot_of_[std::size_t(c)][std::size_t(mb)]);
-      slot_of_[std::size_t(c)][std::size_t(mb)] = -1;
+      release_slot(c, mb);
       reap_sends(false);
     }
   reap_sends(true);

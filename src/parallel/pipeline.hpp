@@ -62,6 +62,8 @@ class PipelineExecutor {
   int take_buffer();
   void post_recv(bool grad, int mb, int chunk, int peer, int samples);
   kernels::Vec<T> wait_recv(bool grad, int mb, int chunk, int samples);
+  void release_recv(bool grad, int mb, int chunk);  // its buffer back to the pool
+  void release_slot(int chunk, int mb);             // the micro-batch's activations are done
   void send(bool grad, int mb, int chunk, int peer, const kernels::Vec<T>& data);
   void reap_sends(bool all);
   void forward(int mb, int chunk, const MicroBatches& mbs, bool for_backward);
@@ -72,6 +74,7 @@ class PipelineExecutor {
   int P_ = 1, rank_ = 0, micro_batch_ = 0;
   std::vector<std::vector<int>> slot_of_;   // [chunk][mb] -> activation slot, -1: none
   std::vector<std::vector<int>> free_slots_;  // per chunk
+  std::vector<int> last_backward_;            // per chunk, its last backward's op index
   std::vector<TrackedView<T>> buffers_;     // message buffers, reused
   std::vector<int> free_buffers_;
   std::map<int, Message> recvs_;            // by tag

@@ -95,36 +95,42 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
   return est;
 }
 
-std::vector<CommEstimate> estimate_comm(const Config& config, const model::ShardCoord& coord) {
-  const auto& par = config.parallel;
-  const model::Dims d = model::dims_of(config);
-  const double w = double(dtype_bytes(config));
-  const auto mem = estimate_memory(config, coord);
-  const double m = double(micro_batches_per_step(config));
-  const double B = double(config.train.micro_batch), Tl = double(d.S / par.cp);
-  const double act = B * Tl * double(d.C) * w;  // one (B, T, C) activation
-  std::int64_t layers = 0, moe_layers = 0;
-  bool first = false, last = false;
-  for (const auto& ch : model::build_layout(config, coord)) {
-    layers += ch.n_layers;
-    for (std::int64_t i = ch.first_layer; i < ch.first_layer + ch.n_layers; ++i)
-      moe_layers += d.is_moe_layer(i) ? 1 : 0;
-    first = first || ch.has_embedding;
-    last = last || ch.has_head;
-  }
-  std::vector<CommEstimate> out;
-  auto ring = [](double n) { return (n - 1) / n; };
+namespace {
 
-  // Data parallel: gradients of the dense parameters over d,e,c; experts over d,c. As
-  // parallel/data_parallel.hpp does it: ZeRO 2/3 reduce-scatter after every micro-batch,
-  // ZeRO 3 gathers every unit for its forward and its backward (the embedding, which the
-  // tied head shares, once per step).
-  double emb = 0;
-  for (const auto& ch : model::build_layout(config, coord))
+double ring(double n) { return (n - 1) / n; }
+
+// What the estimates need of the chunks a rank holds, from one pass over them.
+struct ShardFacts {
+  std::int64_t layers = 0, moe_layers = 0;
+  bool first = false, last = false;  // holds the embedding / the head
+  double embedding_bytes = 0;        // of the embedding unit
+};
+
+ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, double w) {
+  const model::Dims d = model::dims_of(config);
+  ShardFacts f;
+  for (const auto& ch : model::build_layout(config, coord)) {
+    f.layers += ch.n_layers;
+    for (std::int64_t i = ch.first_layer; i < ch.first_layer + ch.n_layers; ++i)
+      f.moe_layers += d.is_moe_layer(i) ? 1 : 0;
+    f.first = f.first || ch.has_embedding;
+    f.last = f.last || ch.has_head;
     for (const auto& u : model::units_of(ch))
-      if (u.kind == model::Unit::embedding) emb += double(u.hi - u.lo) * w;
+      if (u.kind == model::Unit::embedding) f.embedding_bytes += double(u.hi - u.lo) * w;
+  }
+  return f;
+}
+
+// Data parallel: gradients of the dense parameters over d,e,c; experts over d,c. As
+// parallel/data_parallel.hpp does it: ZeRO 2/3 reduce-scatter after every micro-batch,
+// ZeRO 3 gathers every unit for its forward and its backward (the embedding, which the
+// tied head shares, once per step).
+void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
+                       const MemoryEstimate& mem, const ShardFacts& f, double m, double w) {
+  const int zero = int(config.parallel.zero);
+  const double emb = f.embedding_bytes;
   auto dp_volume = [&](double S, double D) {
-    switch (par.zero) {
+    switch (zero) {
       case 0:
         return 2 * ring(D) * S;
       case 1:
@@ -140,14 +146,30 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
                               "m*(D-1)/D*S reduce-scatter + (D-1)/D*(2m(S-E)+E) all-gathers"};
   out.push_back({GroupKind::dense_grad,
                  dp_volume(double(mem.dense_params) * w, double(dense_grad_size(config))),
-                 dp_formula[par.zero]});
+                 dp_formula[zero]});
   if (mem.expert_params > 0)
     out.push_back({GroupKind::expert_grad,
                    dp_volume(double(mem.expert_params) * w, double(expert_grad_size(config))),
-                   dp_formula[par.zero]});
+                   dp_formula[zero]});
+}
 
-  // Tensor parallel, per micro-batch, as model/gpt.cpp does it: 2 all-reduces of (b, s, h) per block each
-  // way, one for the embedding (forward) and one for the head (backward); the loss's row
+}  // namespace
+
+std::vector<CommEstimate> estimate_comm(const Config& config, const model::ShardCoord& coord) {
+  const auto& par = config.parallel;
+  const model::Dims d = model::dims_of(config);
+  const double w = double(dtype_bytes(config));
+  const double m = double(micro_batches_per_step(config));
+  const double B = double(config.train.micro_batch), Tl = double(d.S / par.cp);
+  const double act = B * Tl * double(d.C) * w;  // one (B, T, C) activation
+  const ShardFacts f = shard_facts(config, coord, w);
+  const std::int64_t layers = f.layers, moe_layers = f.moe_layers;
+  const bool first = f.first, last = f.last;
+  std::vector<CommEstimate> out;
+  add_data_parallel(out, config, estimate_memory(config, coord), f, m, w);
+
+  // Tensor parallel, per micro-batch, as the layers do it (model/layers.hpp): 2 all-reduces
+  // of (b, s, h) per block each way, one for the embedding (forward) and one for the head (backward); the loss's row
   // max and (sum-exp, target logit); with sequence parallelism each all-reduce is a
   // reduce-scatter + all-gather of the same volume, and every LayerNorm's parameter
   // gradients (2h) are summed over tp.
@@ -176,7 +198,6 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   if (par.pp > 1) pp = m * v * act * ((last ? 0.0 : 1.0) + (first ? 0.0 : 1.0));
   out.push_back({GroupKind::pp, pp, "m*v*b*s*h per direction"});
 
-  // Tied embedding: first and last stages all-reduce the wte gradient.
   // Tied embedding: both ends' dense-grad groups (2*D ranks with this tp rank) all-reduce
   // the wte gradient, each rank contributing its shard of it (parallel/trainer.cpp).
   double embed = 0;

@@ -72,7 +72,8 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
   const model::ShardCoord coord = shard_coord(config, grid);
   const int P = coord.P, v = coord.virtual_stages, mb = int(config.train.micro_batch);
   // Micro-batches per step: the deck makes every batch rank's slice a multiple of mb.
-  const int m = int(my_slice(config.train.global_batch).second / mb);
+  micro_batches_ = int(my_slice(config.train.global_batch).second / mb);
+  const int m = micro_batches_;
   const ScheduleKind kind =
       P == 1 ? ScheduleKind::one_f_one_b : schedule_kind(config.parallel.pp_schedule);
   schedule_ = make_schedule(kind, P, m, v);
@@ -150,9 +151,7 @@ std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
 template <class T>
 void Trainer<T>::measure_bubble(StepResult& r, double pp_wait_seconds) {
   const int P = pp_.size(), v = chunks();
-  const int ops = int(std::count_if(schedule_[std::size_t(pp_.rank())].begin(),
-                                    schedule_[std::size_t(pp_.rank())].end(),
-                                    [](const Op& op) { return op.kind == OpKind::forward; }));
+  const double ops = double(micro_batches_) * v;  // forwards (and backwards) on this rank
   double mine[2] = {r.t_forward / ops, r.t_backward / ops};
   std::vector<double> times(2 * std::size_t(P));
   mpi::check(MPI_Allgather(mine, 2, MPI_DOUBLE, times.data(), 2, MPI_DOUBLE,
@@ -163,7 +162,7 @@ void Trainer<T>::measure_bubble(StepResult& r, double pp_wait_seconds) {
     tf[std::size_t(k)] = times[2 * std::size_t(k)];
     tb[std::size_t(k)] = times[2 * std::size_t(k) + 1];
   }
-  const ScheduleTiming sim = simulate_schedule(schedule_, P, ops / v, v, tf, tb);
+  const ScheduleTiming sim = simulate_schedule(schedule_, P, micro_batches_, v, tf, tb);
   // Waits before each rank's last op, as the executor measures them (a rank that finishes
   // early spends the tail in the next collective, not on the pipeline group).
   double waiting = 0;

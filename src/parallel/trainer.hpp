@@ -82,6 +82,7 @@ class Trainer {
   std::unique_ptr<MpiComm> ends_;
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
+  int micro_batches_ = 0;  // per step on this pipeline
   std::unique_ptr<PipelineExecutor<T>> pipeline_;
   std::unique_ptr<data::TokenSource> data_;
   optim::LrSchedule lr_schedule_;
