@@ -11,6 +11,19 @@ out=$("$PTRAIN" --plan "$deck" --world 512 --ranks-per-node 4 --set parallel%tp=
 grep -q "on 512 ranks (128 nodes, 4 ranks per node)" <<<"$out" || fail "512-rank plan header: $out"
 grep -q "vocab 50257 (padded to 50260" <<<"$out" || fail "vocab padding not reported: $out"
 grep -q "pipeline bubble" <<<"$out" || fail "no bubble line"
+if grep -q "context parallel" <<<"$out"; then fail "context-parallel line without cp: $out"; fi
+
+# Context parallel: how the sequence is cut, the ring's traffic per layer (forward 1 K/V block
+# of 2*4*512*768*4 B = 12 MiB; backward 1 K/V + 2 dK/dV) and per step, the activations saved.
+out=$("$PTRAIN" --plan "$deck" --world 2 --set parallel%cp=2)
+grep -qF "context parallel: zigzag over 2 ranks, 512 of 1024 positions each (chunks c and 3-c of 4); ring per layer and micro-batch 48.00 MiB sent (forward 12.00 MiB, backward 36.00 MiB), 1.12 GiB per step (2 micro-batches x 12 layers on rank 0); activations " <<<"$out" \
+  || fail "cp line: $out"
+grep -q "context parallel: .* at cp = 1, .* saved)" <<<"$out" || fail "cp activations: $out"
+grep -qE "^  cp +1.12 GiB " <<<"$out" || fail "cp traffic row: $out"
+grep -q "workspace includes ring attention's backward buffers, 72.09 MiB" <<<"$out" || fail "ring workspace: $out"
+out=$("$PTRAIN" --plan "$deck" --world 4 --set parallel%cp=4 --set parallel%cp_layout=\'contiguous\')
+grep -qF "context parallel: contiguous over 4 ranks, 256 of 1024 positions each (chunk c of 4); ring per layer and micro-batch 60.00 MiB sent (forward 18.00 MiB, backward 42.00 MiB)" <<<"$out" \
+  || fail "contiguous cp line: $out"
 
 # A tp group wider than a node: a warning, an error with strict_topology.
 "$PTRAIN" --plan "$deck" --world 16 --ranks-per-node 2 --set parallel%tp=4 --set train%micro_batch=2 2>"$tmp/err" >/dev/null

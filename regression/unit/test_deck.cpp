@@ -94,7 +94,7 @@ TEST(DeckSchema, TableHasEveryKeyOfSchemaDef) {
   std::size_t in_groups = 0;
   for (const auto& g : deck::group_specs()) in_groups += g.keys.size();
   EXPECT_EQ(in_groups, keys);
-  const auto& order = deck::key_specs()[static_cast<std::size_t>(deck::group_specs()[2].keys[6])];
+  const auto& order = deck::key_specs()[static_cast<std::size_t>(deck::group_specs()[2].keys[7])];
   EXPECT_EQ(order.name(), "parallel%order");
   EXPECT_EQ(order.type, deck::KeyType::Str);
   EXPECT_EQ(order.extent, 5);
@@ -485,6 +485,33 @@ TEST(DeckValidate, ResolvesDataParallelAndAcceptsGoodDecks) {
   EXPECT_EQ(g.parallel.dp, 2);
 }
 
+TEST(DeckValidate, ContextParallelLayoutSetsTheSequenceMultiple) {
+  // zigzag (the default) cuts a sequence into 2*cp chunks, contiguous into cp; cp = 1
+  // cuts nothing, whatever the layout.
+  auto error = [](int cp, const std::string& layout, std::int64_t seq_len) {
+    Config c = deck::defaults();
+    c.parallel.cp = cp, c.parallel.cp_layout = layout, c.model.seq_len = seq_len;
+    return error_of([&] { deck::validate(c, cp); });
+  };
+  EXPECT_EQ(deck::defaults().parallel.cp_layout, "zigzag");
+  EXPECT_EQ(error(2, "zigzag", 64), "no error");
+  EXPECT_EQ(error(4, "zigzag", 24), "no error");
+  EXPECT_EQ(error(2, "contiguous", 66), "no error");
+  EXPECT_EQ(error(4, "contiguous", 36), "no error");
+  EXPECT_EQ(error(1, "zigzag", 33), "no error");
+  EXPECT_EQ(error(1, "contiguous", 33), "no error");
+  EXPECT_NE(error(2, "zigzag", 66), "no error");
+  EXPECT_NE(error(4, "zigzag", 36), "no error");
+  EXPECT_NE(error(4, "contiguous", 30), "no error");
+  // From a deck file, with the key's default and its spelling in the message.
+  Config d = deck::parse_text("&model seq_len = 30 /\n&parallel cp = 2, cp_layout = 'contiguous' /", "deck.nml");
+  EXPECT_EQ(error_of([&] { deck::validate(d, 2); }), "no error");
+  d.parallel.cp_layout = "zigzag";
+  EXPECT_EQ(error_of([&] { deck::validate(d, 2); }),
+            "deck.nml: parallel%cp = 2 with parallel%cp_layout = 'zigzag' needs model%seq_len = 30 to be a multiple "
+            "of 2*cp = 4 (rank c holds chunks c and 2cp-1-c of 2cp)");
+}
+
 TEST(DeckValidate, CrossFieldErrors) {
   struct Case {
     int world;
@@ -524,7 +551,16 @@ TEST(DeckValidate, CrossFieldErrors) {
       {2, [](Config& c) { c.train.global_batch = 12, c.train.micro_batch = 4; },
        "train%micro_batch*parallel%dp*parallel%ep = 4*2*1 = 8 does not divide train%global_batch = 12"},
       {2, [](Config& c) { c.parallel.cp = 2, c.model.seq_len = 66; },
-       "2*parallel%cp = 4 does not divide model%seq_len = 66 (context parallel splits a sequence in 2*cp chunks)"},
+       "parallel%cp = 2 with parallel%cp_layout = 'zigzag' needs model%seq_len = 66 to be a multiple of 2*cp = 4 "
+       "(rank c holds chunks c and 2cp-1-c of 2cp)"},
+      {4, [](Config& c) { c.parallel.cp = 4, c.model.seq_len = 30; },
+       "parallel%cp = 4 with parallel%cp_layout = 'zigzag' needs model%seq_len = 30 to be a multiple of 2*cp = 8 "
+       "(rank c holds chunks c and 2cp-1-c of 2cp)"},
+      {4, [](Config& c) { c.parallel.cp = 4, c.parallel.cp_layout = "contiguous", c.model.seq_len = 30; },
+       "parallel%cp = 4 with parallel%cp_layout = 'contiguous' needs model%seq_len = 30 to be a multiple of cp = 4 "
+       "(rank c holds chunk c of cp)"},
+      {2, [](Config& c) { c.parallel.cp = 2, c.parallel.cp_layout = "ring"; },
+       "parallel%cp_layout = 'ring' is not one of 'zigzag', 'contiguous'"},
       {4, [](Config& c) { c.model.n_expert = 6, c.parallel.ep = 4, c.train.micro_batch = 4; },
        "parallel%ep = 4 does not divide model%n_expert = 6"},
       {2, [](Config& c) { c.parallel.ep = 2, c.train.micro_batch = 8; },

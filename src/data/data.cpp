@@ -300,20 +300,25 @@ std::unique_ptr<TokenSource> open_source(const DataSpec& spec) {
 }
 
 void fetch(const TokenSource& source, Split split, std::int64_t step, std::int64_t first_sample,
-           std::int64_t count, std::int32_t* inputs, std::int32_t* targets) {
+           std::int64_t count, std::int32_t* inputs, std::int32_t* targets,
+           const std::vector<int>& positions) {
   PTRAIN_REQUIRE(first_sample >= 0 && count >= 0 && step >= 0, "data: fetch of samples [",
                  first_sample, ", ", first_sample + count, ") of step ", step, " is out of range");
   PTRAIN_REQUIRE(split == Split::train || source.has_val(), "data: ", quoted(source.spec().path),
                  " has no validation region (data%val_fraction = 0)");
   const std::size_t T = std::size_t(source.spec().seq_len);
+  for (int p : positions)
+    PTRAIN_REQUIRE(p >= 0 && std::size_t(p) < T, "data: position ", p, " outside a sequence of ", T);
+  const std::size_t n = positions.empty() ? T : positions.size();
   std::vector<std::int32_t> tokens(T + 1);
   for (std::int64_t s = 0; s < count; ++s) {
     source.sample(split, step, first_sample + s, tokens.data());
-    std::int32_t* in = inputs + std::size_t(s) * T;
-    std::int32_t* tg = targets + std::size_t(s) * T;
-    for (std::size_t t = 0; t < T; ++t) {
-      in[t] = tokens[t];
-      tg[t] = tokens[t + 1];
+    std::int32_t* in = inputs + std::size_t(s) * n;
+    std::int32_t* tg = targets + std::size_t(s) * n;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t t = positions.empty() ? i : std::size_t(positions[i]);
+      in[i] = tokens[t];
+      tg[i] = tokens[t + 1];
     }
   }
 }

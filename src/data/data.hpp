@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "deck/config.hpp"
 
@@ -65,7 +66,11 @@ std::unique_ptr<TokenSource> open_source(const DataSpec& spec);
 
 // Samples first_sample .. first_sample+count-1 of `step` (train) or of the validation set
 // (val; step ignored): inputs = tokens[0, T), targets = tokens[1, T]. Both (count, T), host.
+// With `positions` only those of each sample (a context-parallel rank's share of the
+// same samples): inputs(s, i) = tokens[positions[i]], targets(s, i) = tokens[positions[i]+1],
+// both (count, positions.size()).
 void fetch(const TokenSource& source, Split split, std::int64_t step, std::int64_t first_sample,
-           std::int64_t count, std::int32_t* inputs, std::int32_t* targets);
+           std::int64_t count, std::int32_t* inputs, std::int32_t* targets,
+           const std::vector<int>& positions = {});
 
 }  // namespace ptrain::data

@@ -171,11 +171,15 @@ void check_batch_and_axes(const Checker& ck, const Config& c) {
                    " micro-batches per step is not a multiple of it"));
   }
 
-  // Context parallel: each sequence splits into 2*cp chunks (zigzag balance).
+  // Context parallel: zigzag cuts each sequence into 2*cp chunks (rank c holds c and
+  // 2cp-1-c, balancing the causal work); contiguous into cp (rank c holds chunk c).
   if (p.cp > 1) {
-    I64 pieces = ck.mul(2, p.cp, "2*parallel%cp");
-    ck.require(m.seq_len % pieces == 0, cat("2*parallel%cp = ", pieces, " does not divide model%seq_len = ",
-                                            m.seq_len, " (context parallel splits a sequence in 2*cp chunks)"));
+    const bool zigzag = p.cp_layout == "zigzag";
+    const I64 pieces = zigzag ? ck.mul(2, p.cp, "2*parallel%cp") : p.cp;
+    ck.require(m.seq_len % pieces == 0,
+               cat("parallel%cp = ", p.cp, " with parallel%cp_layout = ", q(p.cp_layout), " needs model%seq_len = ",
+                   m.seq_len, " to be a multiple of ", zigzag ? "2*cp = " : "cp = ", pieces,
+                   zigzag ? " (rank c holds chunks c and 2cp-1-c of 2cp)" : " (rank c holds chunk c of cp)"));
   }
 
   // Mixture of experts.

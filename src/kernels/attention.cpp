@@ -67,6 +67,12 @@ void zero_heads(const Heads<T>& x, int B, int T_, int C) {
 
 }  // namespace
 
+std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg) {
+  std::int64_t n = 0;
+  for (int i = 0; i < Tq; ++i) n += visible_keys(cfg.causal, cfg.q_pos0 + i, cfg.k_pos0, Tk);
+  return n;
+}
+
 template <class T>
 void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq,
                        int Tk, int NH, int HS, const AttentionConfig& cfg) {

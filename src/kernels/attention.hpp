@@ -53,6 +53,10 @@ struct AttentionConfig {
   int k_pos0 = 0;      // sequence position of key row 0
 };
 
+// The (query, key) pairs left unmasked for Tq queries at positions q_pos0.. against Tk keys
+// at k_pos0.. (per sample and head): the useful work of a causal attention call.
+std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg);
+
 // Scaled dot-product attention, scale 1/sqrt(HS), of queries q (B, Tq, NH*HS) against
 // keys k and values v (B, Tk, NH*HS). NH is this rank's heads (tensor parallel splits them).
 // out: (B, Tq, NH*HS) [=]; lse: (B, NH, Tq) [=] log sum_j exp(scale q.k_j) over the unmasked

@@ -30,6 +30,28 @@ void copy(Vec<T> dst, CVec<T> src) {
 }
 
 template <class T>
+void copy_strided(Vec<T> dst, const Strided& d, CVec<T> src, const Strided& s, int n0, int n1,
+                  int n2) {
+  if (n0 <= 0 || n1 <= 0 || n2 <= 0) return;
+  const auto last = [&](const Strided& x) {
+    return x.offset + std::size_t(n0 - 1) * x.s0 + std::size_t(n1 - 1) * x.s1 + std::size_t(n2);
+  };
+  require_len("copy_strided dst", dst.extent(0), last(d));
+  require_len("copy_strided src", src.extent(0), last(s));
+  T* const out = dst.data();
+  const T* const in = src.data();
+  const Strided dd = d, ss = s;
+  // One (i, j) row of n2 contiguous elements per iteration.
+  Kokkos::parallel_for(
+      "ptrain::copy_strided", n0 * n1, KOKKOS_LAMBDA(int r) {
+        const std::size_t i = std::size_t(r / n1), j = std::size_t(r % n1);
+        T* o = out + dd.offset + i * dd.s0 + j * dd.s1;
+        const T* x = in + ss.offset + i * ss.s0 + j * ss.s1;
+        for (int k = 0; k < n2; ++k) o[k] = x[k];
+      });
+}
+
+template <class T>
 void scale(Vec<T> x, T s) {
   Kokkos::parallel_for(
       "ptrain::scale", x.extent(0), KOKKOS_LAMBDA(std::size_t i) { x(i) *= s; });
@@ -122,6 +144,7 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
 #define PTRAIN_INSTANTIATE(T)                                               \
   template void fill<T>(Vec<T>, T);                                         \
   template void copy<T>(Vec<T>, CVec<T>);                                   \
+  template void copy_strided<T>(Vec<T>, const Strided&, CVec<T>, const Strided&, int, int, int); \
   template void scale<T>(Vec<T>, T);                                        \
   template void axpy<T>(Vec<T>, T, CVec<T>);                                \
   template double sum_of_squares<T>(CVec<T>);                               \

@@ -19,6 +19,15 @@ template <class T>
 void fill(Vec<T> x, T value);  // x [=] value
 template <class T>
 void copy(Vec<T> dst, CVec<T> src);  // dst [=] src; equal extents
+// A 3-D block inside a flat view: element (i, j, k) at offset + i*s0 + j*s1 + k.
+struct Strided {
+  std::size_t offset = 0, s0 = 0, s1 = 0;
+};
+// dst block (n0, n1, n2) [=] src block (n0, n1, n2): packs and unpacks column ranges and
+// sequence chunks (the context-parallel ring's K/V blocks). The blocks must not overlap.
+template <class T>
+void copy_strided(Vec<T> dst, const Strided& d, CVec<T> src, const Strided& s, int n0, int n1,
+                  int n2);
 template <class T>
 void scale(Vec<T> x, T s);  // x [=] s x
 template <class T>

@@ -140,6 +140,7 @@ void RowParallelLinear<T>::backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> f
 
 template <class T>
 void Attention<T>::forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<T> lse) const {
+  if (c.ring()) return ring_attention_forward<T>(*c.cp, c.B, NH, HS, qkv, out, lse);
   profile::region("attention",
                   [&] { K::attention_forward<T>(out, lse, qkv, c.B, c.S, NH, HS); });
 }
@@ -147,6 +148,7 @@ void Attention<T>::forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<T> lse) co
 template <class T>
 void Attention<T>::backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<T> lse, CVec<T> dout,
                             Vec<T> dqkv) const {
+  if (c.ring()) return ring_attention_backward<T>(*c.cp, c.B, NH, HS, qkv, out, lse, dout, dqkv);
   profile::region("attention", [&] {
     K::attention_backward<T>(dqkv, dout, out, lse, qkv, c.B, c.S, NH, HS);
   });
@@ -174,9 +176,9 @@ Vec<T> MLP<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> dy, const
 template <class T>
 void Embedding<T>::forward(const Ctx& c, K::IntVec tokens, Vec<T> partial, Vec<T> x) const {
   const Vec<T> out = c.tp->sp() ? partial : x;
-  const K::IntVec no_positions;
+  const K::IntVec positions = c.cp ? c.cp->positions() : K::IntVec();
   profile::region("embedding", [&] {
-    K::encoder_forward<T>(out, tokens, no_positions, wte, c.tp->rank() == 0 ? wpe : Vec<T>(), c.B,
+    K::encoder_forward<T>(out, tokens, positions, wte, c.tp->rank() == 0 ? wpe : Vec<T>(), c.B,
                           c.S, C, v_begin, Vl);
   });
   c.tp->sum_to_rows(out, x);
@@ -185,9 +187,9 @@ void Embedding<T>::forward(const Ctx& c, K::IntVec tokens, Vec<T> partial, Vec<T
 template <class T>
 void Embedding<T>::backward(const Ctx& c, K::IntVec tokens, Vec<T> dx, Vec<T> full) const {
   const Vec<T> d = all_rows(c, dx, full, C);
-  const K::IntVec no_positions;
+  const K::IntVec positions = c.cp ? c.cp->positions() : K::IntVec();
   profile::region("embedding", [&] {
-    K::encoder_backward<T>(dwte, dwpe, d, tokens, no_positions, c.B, c.S, C, v_begin, Vl);
+    K::encoder_backward<T>(dwte, dwpe, d, tokens, positions, c.B, c.S, C, v_begin, Vl);
   });
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/kernels.hpp"
 #include "kernels/view.hpp"
 #include "model/activations.hpp"
+#include "model/context_parallel.hpp"
 
 namespace ptrain::model {
 
@@ -57,13 +58,16 @@ class TensorParallel {
   bool sp_ = false;
 };
 
-// What one layer call runs on.
+// What one layer call runs on. With context parallelism S is this rank's share of each
+// sequence (cp->local_len()) and its rows are the positions cp->positions().
 struct Ctx {
   const TensorParallel* tp;
+  const ContextParallel* cp = nullptr;  // null: whole sequences here
   int B = 0, S = 0;             // samples, positions per sample on this rank
   std::int64_t BT = 0, R = 0, r0 = 0;
-  Ctx(const TensorParallel& t, int B_, int S_)
-      : tp(&t), B(B_), S(S_), BT(std::int64_t(B_) * S_), R(t.rows(BT)), r0(t.first_row(BT)) {}
+  Ctx(const TensorParallel& t, int B_, int S_, const ContextParallel* c = nullptr)
+      : tp(&t), cp(c), B(B_), S(S_), BT(std::int64_t(B_) * S_), R(t.rows(BT)), r0(t.first_row(BT)) {}
+  bool ring() const { return cp && cp->active(); }  // attention over the cp ring
 };
 
 // This rank's rows [r0, r0 + R) of a (BT, C) tensor.
@@ -106,8 +110,8 @@ struct RowParallelLinear {
   void backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full, Vec<T> dx) const;
 };
 
-// Causal multi-head attention over this rank's heads on a (BT, 3Cl) qkv buffer. It is the
-// layer that will host the context-parallel ring.
+// Causal multi-head attention over this rank's heads on a (BT, 3Cl) qkv buffer: local, or
+// the context-parallel ring (model/context_parallel.hpp) when the sequence is cut over cp.
 template <class T>
 struct Attention {
   int NH = 0, HS = 0;  // this rank's heads, head size
@@ -131,7 +135,8 @@ struct MLP {
                   Vec<T> dx, Vec<T> rows) const;
 };
 
-// Vocab-parallel token embedding plus learned positions (added by tp rank 0).
+// Vocab-parallel token embedding plus learned positions (added by tp rank 0), at the global
+// positions of this rank's rows under context parallelism.
 template <class T>
 struct Embedding {
   Vec<T> wte, wpe, dwte, dwpe;  // (Vl, C), (S, C)

@@ -209,6 +209,23 @@ double flops_per_token(const Config& config) {
 
 namespace ptrain::model {
 
+std::vector<SeqPiece> sequence_pieces(std::int64_t seq_len, int c, int C, bool zigzag) {
+  PTRAIN_REQUIRE(C >= 1 && c >= 0 && c < C, "model: context-parallel rank ", c, " of ", C);
+  const int chunks = zigzag && C > 1 ? 2 * C : C;
+  PTRAIN_REQUIRE(seq_len % chunks == 0, "model: seq_len ", seq_len, " does not split in ", chunks,
+                 " chunks");
+  const int L = int(seq_len / chunks);
+  if (chunks == C) return {SeqPiece{0, c * L, L}};
+  return {SeqPiece{0, c * L, L}, SeqPiece{L, (2 * C - 1 - c) * L, L}};
+}
+
+std::vector<int> sequence_positions(const std::vector<SeqPiece>& pieces) {
+  std::vector<int> pos;
+  for (const SeqPiece& p : pieces)
+    for (int i = 0; i < p.len; ++i) pos.push_back(p.global + i);
+  return pos;
+}
+
 ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp) {
   ActShape s;
   s.BT = B * T;

@@ -44,8 +44,22 @@ struct ShardCoord {
   int t = 0, T = 1;  // tensor-parallel rank and size
   int p = 0, P = 1;  // pipeline stage and count
   int e = 0, E = 1;  // expert-parallel rank and size
+  int c = 0, C = 1;  // context-parallel rank and size
+  bool cp_zigzag = true;  // parallel%cp_layout: zigzag (else contiguous)
   int virtual_stages = 1;
 };
+
+// A run of consecutive sequence positions a context-parallel rank holds: local rows
+// [local, local + len) of each sample are global positions [global, global + len).
+struct SeqPiece {
+  int local = 0, global = 0, len = 0;
+};
+// The pieces of a seq_len sequence that context-parallel rank c of C holds, in local order:
+// zigzag, chunks c and 2C-1-c of 2C (every rank the same causal work); contiguous, chunk c
+// of C. One piece [0, S) without context parallelism.
+std::vector<SeqPiece> sequence_pieces(std::int64_t seq_len, int c, int C, bool zigzag);
+// The global position of each of the rank's seq_len / C local rows.
+std::vector<int> sequence_positions(const std::vector<SeqPiece>& pieces);
 
 // A block of a global tensor: rows [start, start+count) on each dimension.
 struct Slab {

@@ -69,15 +69,19 @@ struct Stage<T>::Acts {
 
 template <class T>
 Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
-                int micro_batch, int slots, ParamStore<T>* store, Comm* tp)
+                int micro_batch, int slots, ParamStore<T>* store, Comm* tp, Comm* cp)
     : dims_(dims_of(config)),
       coord_(coord),
       layout_(layout),
       units_(units_of(layout)),
       micro_batch_(micro_batch),
-      tp_(tp, config.parallel.sequence_parallel) {
+      tp_(tp, config.parallel.sequence_parallel),
+      cp_(cp, dims_.S, coord.cp_zigzag),
+      S_(int(dims_.S / coord.C)) {
   PTRAIN_REQUIRE(coord.T == 1 || (tp && tp->size() == coord.T), "model: tensor parallelism over ",
                  coord.T, " ranks needs their tp group");
+  PTRAIN_REQUIRE(coord.C == 1 || (cp && cp->size() == coord.C && cp->rank() == coord.c),
+                 "model: context parallelism over ", coord.C, " ranks needs their cp group");
   PTRAIN_REQUIRE(slots >= 1, "model: a stage needs at least one activation slot");
   for (std::size_t i = 0; i < units_.size(); ++i) {
     if (units_[i].kind == Unit::embedding) u_emb_ = int(i);
@@ -90,13 +94,13 @@ Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
     own_store_ = std::make_unique<ResidentStore<T>>(layout_, layout_.numel);
     store_ = own_store_.get();
   }
-  sizes_ = activation_sizes(dims_, coord, micro_batch, dims_.S, layout_.has_head, tp_.sp());
+  sizes_ = activation_sizes(dims_, coord, micro_batch, S_, layout_.has_head, tp_.sp());
   const std::int64_t kept = sizes_.kept(layout_.n_layers);
   acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
                          std::size_t(kept * slots));
   scratch_ = TrackedView<T>(MemCategory::workspace, "ptrain::backward_scratch",
                             std::size_t(sizes_.scratch));
-  const std::size_t ids = std::size_t(micro_batch) * std::size_t(dims_.S);
+  const std::size_t ids = std::size_t(micro_batch) * std::size_t(S_);
   for (int k = 0; k < slots; ++k) {
     Slot s;
     s.offset = kept * k;
@@ -186,7 +190,7 @@ double Stage<T>::forward(int slot, const MicroBatch& mb, bool for_backward) {
                  " samples exceeds the allocated ", micro_batch_);
   Slot& s = slots_.at(std::size_t(slot));
   s.B = mb.B;
-  const Ctx c(tp_, mb.B, int(dims_.S));
+  const Ctx c(tp_, mb.B, S_, &cp_);
   using Host = Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
   static_assert(sizeof(int) == sizeof(std::int32_t));
   if (layout_.has_embedding) Kokkos::deep_copy(slice<int>(s.tokens, 0, c.BT), Host(mb.inputs, c.BT));
@@ -221,7 +225,7 @@ double Stage<T>::forward(int slot, const MicroBatch& mb, bool for_backward) {
 template <class T>
 void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
   const Slot& s = slots_.at(std::size_t(slot));
-  const Ctx c(tp_, s.B, int(dims_.S));
+  const Ctx c(tp_, s.B, S_, &cp_);
   last_B_ = s.B;
   const Acts a = carve(slot, c);
   const auto g = carve_scratch(c);
@@ -263,18 +267,18 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
 
 template <class T>
 K::Vec<T> Stage<T>::input(int slot, int B) const {
-  return carve(slot, Ctx(tp_, B, int(dims_.S))).in.x;
+  return carve(slot, Ctx(tp_, B, S_, &cp_)).in.x;
 }
 
 template <class T>
 K::Vec<T> Stage<T>::output(int slot) const {
   const Slot& s = slots_.at(std::size_t(slot));
-  return carve(slot, Ctx(tp_, s.B, int(dims_.S))).blocks.back().res3;
+  return carve(slot, Ctx(tp_, s.B, S_, &cp_)).blocks.back().res3;
 }
 
 template <class T>
 K::Vec<T> Stage<T>::input_grad() const {
-  return carve_scratch(Ctx(tp_, last_B_, int(dims_.S))).dres;
+  return carve_scratch(Ctx(tp_, last_B_, S_, &cp_)).dres;
 }
 
 // ---- the resident store's whole buffers ------------------------------------------------

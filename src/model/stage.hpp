@@ -60,7 +60,7 @@ template <class T>
 void init_range(const ChunkLayout& layout, const Dims& dims, std::uint64_t seed,
                 kernels::Vec<T> out, std::int64_t lo);
 
-// One micro-batch of B samples (host arrays (B, seq_len)): the first stage reads the
+// One micro-batch of B samples (host arrays (B, seq_len / cp)): the first stage reads the
 // inputs, the last stage the targets; other stages only need B.
 struct MicroBatch {
   const std::int32_t* inputs = nullptr;
@@ -73,14 +73,18 @@ class Stage {
  public:
   // Parameters and gradients live in `store` (not owned; it must outlive the stage), or,
   // when null, in a resident store the stage owns. With coord.T > 1 the stage is this
-  // rank's tensor-parallel shard and `tp` the group it reduces over.
+  // rank's tensor-parallel shard and `tp` the group it reduces over. With coord.C > 1 it
+  // holds coord.c's share of each sequence (inputs, targets and activations are of
+  // seq_len / C positions) and `cp` is the ring its attention runs on.
   Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
-        int micro_batch, int slots = 1, ParamStore<T>* store = nullptr, Comm* tp = nullptr);
+        int micro_batch, int slots = 1, ParamStore<T>* store = nullptr, Comm* tp = nullptr,
+        Comm* cp = nullptr);
 
   const Dims& dims() const { return dims_; }
   const ChunkLayout& layout() const { return layout_; }
   const std::vector<Unit>& units() const { return units_; }
   int slots() const { return int(slots_.size()); }
+  const ContextParallel& context_parallel() const { return cp_; }
   // The whole buffers and one tensor's view in them; only with the resident store.
   kernels::Vec<T> params() const;
   kernels::Vec<T> grads() const;
@@ -129,6 +133,8 @@ class Stage {
   int micro_batch_ = 0, last_B_ = 0;              // capacity; B of the last backward
   ActivationSizes sizes_;                         // per slot, at capacity
   TensorParallel tp_;
+  ContextParallel cp_;  // this rank's share of each sequence
+  int S_ = 0;           // positions per sample here: seq_len / C
   std::unique_ptr<ResidentStore<T>> own_store_;
   ParamStore<T>* store_ = nullptr;
   std::vector<Slot> slots_;

@@ -18,6 +18,16 @@ constexpr int idx(MemCategory c) { return static_cast<int>(c); }
 int dense_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.ep * c.parallel.cp); }
 int expert_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.cp); }
 
+// The shard of the rank at (t, p, e) on the grid's tp, pp and ep axes (cp rank 0).
+model::ShardCoord shard_of(const Config& config, int t, int p, int e) {
+  const auto& par = config.parallel;
+  model::ShardCoord sc;
+  sc.t = t, sc.T = int(par.tp), sc.p = p, sc.P = int(par.pp), sc.e = e, sc.E = int(par.ep);
+  sc.C = int(par.cp), sc.cp_zigzag = par.cp_layout == "zigzag";
+  sc.virtual_stages = int(par.virtual_stages);
+  return sc;
+}
+
 std::string with_commas(std::int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(std::size_t(i), ",");
@@ -56,6 +66,21 @@ double pipeline_bubble(const Config& config) {
   return (p - 1) / (v * m + p - 1);
 }
 
+RingEstimate estimate_ring(const Config& config) {
+  RingEstimate r;
+  const auto& par = config.parallel;
+  if (par.cp <= 1) return r;
+  const model::Dims d = model::dims_of(config);
+  const double w = double(dtype_bytes(config)), C = double(par.cp);
+  const double rows = double(config.train.micro_batch) * double(d.S / par.cp);  // B*(S/C)
+  const double width = double(d.C / par.tp), heads = double(d.NH / par.tp);     // this tp rank's
+  r.block = 2.0 * rows * width * w;
+  r.forward = (C - 1) * r.block;
+  r.backward = (C - 1) * r.block + C * r.block;
+  r.workspace = 5.0 * r.block + (2.0 * rows * width + rows * heads) * w;
+  return r;
+}
+
 MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord) {
   MemoryEstimate est;
   const auto chunks = model::build_layout(config, coord);
@@ -91,6 +116,8 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
         double(act.kept(ch.n_layers)) * double(in_flight[std::size_t(ch.chunk)]) * w;
     est.bytes[idx(MemCategory::workspace)] += double(act.scratch) * w;
   }
+  // Ring attention's backward buffers, held during one block's attention at a time.
+  est.bytes[idx(MemCategory::workspace)] += estimate_ring(config).workspace;
 
   return est;
 }
@@ -182,10 +209,9 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   out.push_back(
       {GroupKind::tp, tp, "m*(4L+2)*2(T-1)/T*b*s*h + loss 3*b*s (+ SP: LayerNorm grads 2h each)"});
 
-  // Context parallel: K and V go round the ring once forward, K,V and their grads backward.
-  const double Cp = double(par.cp), kv = 2.0 * B * Tl * double(d.C / par.tp) * w;
-  out.push_back(
-      {GroupKind::cp, m * double(layers) * (Cp - 1) * 3.0 * kv, "m*L*(C-1)*3*2*b*(s/C)*h/T"});
+  // Context parallel: every block's attention is a ring over cp (estimate_ring).
+  out.push_back({GroupKind::cp, m * double(layers) * estimate_ring(config).per_layer(),
+                 "m*L*(3C-2)*2*b*(s/C)*h/T: (C-1) K/V fwd, (C-1) K/V + C dK/dV bwd"});
 
   // Expert parallel: dispatch + combine all-to-all, forward and backward.
   const double E = double(par.ep);
@@ -234,6 +260,39 @@ std::string schedule_picture(const Config& config) {
 
 namespace {
 
+// How cp cuts a sequence, the ring's traffic and the activation memory it saves (rank 0's
+// shard, as the communication section).
+std::string context_parallel_line(const Config& config) {
+  const auto& par = config.parallel;
+  const model::Dims d = model::dims_of(config);
+  const bool zigzag = par.cp_layout == "zigzag";
+  const RingEstimate ring = estimate_ring(config);
+  const model::ShardCoord sc = shard_of(config, 0, 0, 0);
+  double per_step = 0;
+  for (const auto& c : estimate_comm(config, sc))
+    if (c.group == GroupKind::cp) per_step = c.bytes_per_step;
+  std::int64_t layers = 0;
+  for (const auto& ch : model::build_layout(config, sc)) layers += ch.n_layers;
+  Config whole = config;  // the same grid with every rank holding whole sequences
+  whole.parallel.cp = 1;
+  model::ShardCoord sc1 = sc;
+  sc1.C = 1;
+  const int act = idx(MemCategory::activations);
+  const double here = estimate_memory(config, sc).bytes[act];
+  const double at1 = estimate_memory(whole, sc1).bytes[act];
+  return cat("context parallel: ", par.cp_layout, " over ", par.cp, " ranks, ", d.S / par.cp,
+             " of ", d.S, " positions each (",
+             zigzag ? cat("chunks c and ", 2 * par.cp - 1, "-c of ", 2 * par.cp)
+                    : cat("chunk c of ", par.cp),
+             "); ring per layer and micro-batch ", format_bytes(ring.per_layer()),
+             " sent (forward ", format_bytes(ring.forward), ", backward ",
+             format_bytes(ring.backward), "), ", format_bytes(per_step), " per step (",
+             micro_batches_per_step(config), " micro-batches x ", layers,
+             " layers on rank 0); activations ", format_bytes(here),
+             par.pp > 1 ? " on rank 0 (" : " per rank (", format_bytes(at1), " at cp = 1, ",
+             format_bytes(at1 - here), " saved)");
+}
+
 // The model, the step and its FLOPs, the pipeline and the predicted step time.
 std::string model_section(const Config& config, const Layout& layout) {
   std::string r;
@@ -260,6 +319,7 @@ std::string model_section(const Config& config, const Layout& layout) {
              " ((p-1)/(v*m+p-1), ", par.pp_schedule, ")"));
     line(schedule_picture(config));
   }
+  if (par.cp > 1) line(context_parallel_line(config));
   if (config.backend.peak_gflops > 0) {
     const double t = fpt * tokens / (config.backend.peak_gflops * 1e9 * layout.world());
     line(cat("predicted step time at 100% of backend%peak_gflops = ", config.backend.peak_gflops,
@@ -298,9 +358,7 @@ std::string memory_section(const Config& config, const Layout& layout) {
       for (int t = 0; t < par.tp; ++t) {
         if (rows >= 16 && !(p == par.pp - 1 && e == par.ep - 1 && t == par.tp - 1)) continue;
         ++rows;
-        model::ShardCoord sc{
-            t, int(par.tp), p, int(par.pp), e, int(par.ep), int(par.virtual_stages)};
-        const auto mem = estimate_memory(config, sc);
+        const auto mem = estimate_memory(config, shard_of(config, t, p, e));
         auto b = [&](MemCategory c) { return format_bytes(mem.bytes[idx(c)]); };
         char row[320];
         std::snprintf(row, sizeof row, "  %-6d %-8s %14s %11s %11s %11s %11s %11s %11s %11s",
@@ -315,6 +373,9 @@ std::string memory_section(const Config& config, const Layout& layout) {
            " ranks; activations for ",
            par.pp == 1 ? std::string("1 micro-batch")
                        : cat("the micro-batches in flight under ", par.pp_schedule),
+           par.cp > 1 ? cat("; workspace includes ring attention's backward buffers, ",
+                            format_bytes(estimate_ring(config).workspace))
+                      : std::string(),
            ")"));
   line("");
   return r;
@@ -327,8 +388,7 @@ std::string comm_section(const Config& config, const Layout& layout) {
   const model::Dims d = model::dims_of(config);
   const auto& par = config.parallel;
   line("communication per step, sent by one rank (rank 0's shard):");
-  model::ShardCoord sc0{0, int(par.tp), 0, int(par.pp), 0, int(par.ep), int(par.virtual_stages)};
-  for (const auto& c : estimate_comm(config, sc0)) {
+  for (const auto& c : estimate_comm(config, shard_of(config, 0, 0, 0))) {
     if (layout.group_size(c.group) <= 1 && c.bytes_per_step == 0) continue;
     char row[256];
     std::snprintf(row, sizeof row, "  %-12s %12s   %s", group_name(c.group),

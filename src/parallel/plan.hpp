@@ -31,6 +31,19 @@ struct CommEstimate {
 };
 std::vector<CommEstimate> estimate_comm(const Config& config, const model::ShardCoord& coord);
 
+// Context parallelism's ring (model/context_parallel.hpp), per layer and micro-batch, in
+// bytes sent by one rank: forward C-1 K/V blocks; backward C-1 K/V blocks and C dK/dV
+// blocks (the accumulated dK/dV travels with the ring and takes one last hop home). A block
+// is K and V of this rank's n_head/tp heads for its B*(S/C) positions: 2*B*(S/C)*d_model/tp
+// elements. workspace: the backward's transient buffers (the peak; the forward's are
+// smaller), 5 blocks and per-position copies of out, dout (B*(S/C)*d_model/tp each) and lse
+// (B*(n_head/tp)*(S/C)). All zero at cp = 1.
+struct RingEstimate {
+  double block = 0, forward = 0, backward = 0, workspace = 0;
+  double per_layer() const { return forward + backward; }  // (3C-2) blocks
+};
+RingEstimate estimate_ring(const Config& config);
+
 // Micro-batches per step on one rank: global_batch / (micro_batch * dp * ep).
 std::int64_t micro_batches_per_step(const Config& config);
 // Micro-batches each chunk of pipeline stage `stage` holds at most (its activation slots),

@@ -26,6 +26,9 @@ model::ShardCoord shard_coord(const Config& config, const Grid& grid) {
   c.P = grid.size(Axis::p);
   c.e = grid.coord(Axis::e);
   c.E = grid.size(Axis::e);
+  c.c = grid.coord(Axis::c);
+  c.C = grid.size(Axis::c);
+  c.cp_zigzag = config.parallel.cp_layout == "zigzag";
   c.virtual_stages = int(config.parallel.virtual_stages);
   return c;
 }
@@ -43,8 +46,8 @@ void check_supported(const Config& c, int world_size) {
   auto no = [](bool asked, const char* what) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
-  no(c.parallel.cp > 1 || c.parallel.ep > 1,
-     "training with parallel%cp or ep > 1 (data, tensor and pipeline parallelism so far; "
+  no(c.parallel.ep > 1,
+     "training with parallel%ep > 1 (data, tensor, pipeline and context parallelism so far; "
      "--plan works)");
   (void)world_size;
 #ifndef PTRAIN_ENABLE_CUDA
@@ -67,6 +70,7 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
       dense_grad_(grid.comm(GroupKind::dense_grad), "dense-grad"),
       tp_(grid.comm(GroupKind::tp), "tp"),
       pp_(grid.comm(GroupKind::pp), "pp"),
+      cp_(grid.comm(GroupKind::cp), "cp"),
       data_(data::open_source(data::spec_from_config(config))),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
@@ -87,7 +91,7 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
     // Activation slots: the most micro-batches this chunk has in flight in the schedule.
     const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
     ch.stage = std::make_unique<model::Stage<T>>(config, coord, ch.dp->layout(), mb, slots,
-                                                 ch.dp->store(), &tp_);
+                                                 ch.dp->store(), &tp_, &cp_);
     ch.optimizer = optim::make_optimizer<T>(
         config.train.optimizer, decay_segments(layout), std::size_t(ch.dp->update_lo()),
         std::size_t(ch.dp->update_hi()), optim::hyper_from_config(config));
@@ -106,7 +110,11 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
     ends_comm_ = Communicator(ends);
     if (end) ends_ = std::make_unique<MpiComm>(ends, "embed");
   }
-  const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len);
+  // This rank's positions of every sample (all of them without context parallelism).
+  if (coord.C > 1)
+    positions_ = model::sequence_positions(
+        model::sequence_pieces(config.model.seq_len, coord.c, coord.C, coord.cp_zigzag));
+  const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len / coord.C);
   inputs_.resize(n);
   targets_.resize(n);
 }
@@ -125,6 +133,14 @@ std::pair<std::int64_t, std::int64_t> Trainer<T>::my_slice(std::int64_t n) const
   const std::int64_t per = n / ranks, extra = n % ranks;
   const std::int64_t first = r * per + std::min(r, extra);
   return {first, per + (r < extra ? 1 : 0)};
+}
+
+template <class T>
+model::MicroBatch Trainer<T>::fetch(data::Split split, std::int64_t step, std::int64_t first, int B) {
+  profile::region("data", [&] {
+    data::fetch(*data_, split, step, first, B, inputs_.data(), targets_.data(), positions_);
+  });
+  return model::MicroBatch{inputs_.data(), targets_.data(), B};
 }
 
 template <class T>
@@ -192,11 +208,7 @@ StepResult Trainer<T>::step(std::int64_t s) {
   mbs.count = int(count / mb);
   mbs.samples = [mb](int) { return int(mb); };
   mbs.fetch = [&, first = first](int i) {
-    profile::region("data", [&] {
-      data::fetch(*data_, data::Split::train, s, first + i * mb, int(mb), inputs_.data(),
-                  targets_.data());
-    });
-    return model::MicroBatch{inputs_.data(), targets_.data(), int(mb)};
+    return fetch(data::Split::train, s, first + i * mb, int(mb));
   };
   const double loss_sum = pipeline_->train(mbs, dloss);
   if (config_.run.debug_fail_rank == grid_.world_rank())
@@ -300,10 +312,7 @@ double Trainer<T>::evaluate() {
     };
     mbs.fetch = [&, k0 = k0, first = first, count = count](int i) {
       const std::int64_t j = (k0 + i) * mb;
-      const int B = mbs.samples(i);
-      data::fetch(*data_, data::Split::val, 0, j < count ? first + j : first, B, inputs_.data(),
-                  targets_.data());
-      return model::MicroBatch{inputs_.data(), targets_.data(), B};
+      return fetch(data::Split::val, 0, j < count ? first + j : first, mbs.samples(i));
     };
     const std::vector<double> losses = pipeline_->forward_only(mbs);
     for (int i = 0; i < mbs.count; ++i)

@@ -38,8 +38,8 @@ struct StepResult {
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
-// cannot train yet: context or expert parallelism, mixture of experts, recomputation, a
-// device other than the CPU, bf16.
+// cannot train yet: expert parallelism, mixture of experts, recomputation, a device other
+// than the CPU, bf16.
 void check_supported(const Config& config, int world_size);
 
 template <class T>
@@ -67,6 +67,9 @@ class Trainer {
     std::unique_ptr<model::Stage<T>> stage;
     std::unique_ptr<optim::Optimizer<T>> optimizer;
   };
+  // Samples [first, first+B) of `step` (train) or of the validation set: this rank's
+  // positions of each, into the host buffers.
+  model::MicroBatch fetch(data::Split split, std::int64_t step, std::int64_t first, int B);
   void finish_gradients();
   void measure_bubble(StepResult& r, double pp_wait_seconds);
   // Loss sum and the squared gradient norm, summed over every rank at once.
@@ -77,7 +80,7 @@ class Trainer {
 
   const Config& config_;
   const Grid& grid_;
-  MpiComm dense_grad_, tp_, pp_;  // gradient reduction; tensor parallelism; pipeline
+  MpiComm dense_grad_, tp_, pp_, cp_;  // gradient reduction; tensor, pipeline, context parallelism
   Communicator ends_comm_;                // the tied embedding's two ends (pipeline)
   std::unique_ptr<MpiComm> ends_;
   std::vector<Chunk> chunks_;
@@ -86,6 +89,7 @@ class Trainer {
   std::unique_ptr<PipelineExecutor<T>> pipeline_;
   std::unique_ptr<data::TokenSource> data_;
   optim::LrSchedule lr_schedule_;
+  std::vector<int> positions_;                  // this rank's of each sample (empty: all)
   std::vector<std::int32_t> inputs_, targets_;  // one micro-batch, host
   std::int64_t consecutive_skips_ = 0;
 };
