@@ -43,14 +43,15 @@ std::string saved(const SaveReport& r) {
              " written, verified in ", fixed_seconds(r.verify_seconds), " s)");
 }
 
-// Weights files: one holder of every element, the first data-parallel replica, and for
-// tensors every tp rank holds whole, tp rank 0.
+// Weights files: one holder of every element, the first data-parallel replica (for expert
+// tensors, split over ep, the first replica of each ep rank), and for tensors every tp rank
+// holds whole, tp rank 0.
 TensorPredicate weights_holder(const Grid& grid) {
-  const bool first_replica =
-      grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0;
+  const bool first_dc = grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0;
+  const bool first_replica = first_dc && grid.coord(Axis::e) == 0;
   const bool tp_root = grid.coord(Axis::t) == 0;
-  return [first_replica, tp_root](const model::TensorSpec& t) {
-    return first_replica && (tp_root || !t.tp_replicated());
+  return [first_dc, first_replica, tp_root](const model::TensorSpec& t) {
+    return (t.expert ? first_dc : first_replica) && (tp_root || !t.tp_replicated());
   };
 }
 
@@ -59,12 +60,12 @@ TensorPredicate weights_holder(const Grid& grid) {
 // rank under ZeRO >= 1 (shards are disjoint), the first replica under ZeRO 0; tp rank 0 for
 // tensors every tp rank holds whole.
 TensorPredicate state_holder(const Config& config, const Grid& grid) {
-  const bool writes =
-      config.parallel.zero >= 1 ||
-      (grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0 && grid.coord(Axis::e) == 0);
+  const bool sharded = config.parallel.zero >= 1;
+  const bool first_dc = grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0;
+  const bool first_replica = first_dc && grid.coord(Axis::e) == 0;
   const bool tp_root = grid.coord(Axis::t) == 0;
-  return [writes, tp_root](const model::TensorSpec& t) {
-    return writes && (tp_root || !t.tp_replicated());
+  return [sharded, first_dc, first_replica, tp_root](const model::TensorSpec& t) {
+    return (sharded || (t.expert ? first_dc : first_replica)) && (tp_root || !t.tp_replicated());
   };
 }
 

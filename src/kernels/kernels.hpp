@@ -120,4 +120,21 @@ template <class T>
 void crossentropy_backward(Vec<T> logits, CVec<T> row_max, CVec<T> sumexp, IntVec targets, int N,
                            const VocabShard& shard, T dloss);
 
+// ---- mixture of experts (row gathers by index: deterministic, no atomics) ---------------
+// probs: (N, E) [=] softmax over each row of logits (N, E).
+template <class T>
+void softmax_rows_forward(Vec<T> probs, CVec<T> logits, int N, int E);
+// dlogits: (N, E) [=] softmax backward: p * (dp - sum_e p_e dp_e), from probs and dprobs.
+template <class T>
+void softmax_rows_backward(Vec<T> dlogits, CVec<T> probs, CVec<T> dprobs, int N, int E);
+// dst (N, C) [=] (or [+=] with accumulate) sum over j < k of weight(t, j) * src(rows(t, j)),
+// skipping rows(t, j) < 0; an empty weight means 1. rows, weight: (N, k). With k = 1 it
+// gathers (and scales) rows.
+template <class T>
+void combine_rows(Vec<T> dst, CVec<T> src, IntVec rows, CVec<T> weight, int N, int k, int C,
+                  bool accumulate);
+// dots (N, k) [=] a(t) . b(rows(t, j)) (0 where rows(t, j) < 0). a: (N, C).
+template <class T>
+void row_dots(Vec<T> dots, CVec<T> a, CVec<T> b, IntVec rows, int N, int k, int C);
+
 }  // namespace ptrain::kernels

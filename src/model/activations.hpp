@@ -17,8 +17,14 @@ struct ActShape {
   std::int64_t R = 0;   // rows of the residual stream kept here: BT, or BT / tp with SP
   std::int64_t C = 0, Cl = 0, NHl = 0, Fl = 0, Vl = 0;  // width; this tp rank's share
   bool sp = false;                                       // sequence parallelism
+  // A MoE block (model/moe.hpp): E experts, top k; rows an ep rank may receive for its
+  // experts (every token of every ep rank, dropless), and whether tokens leave the rank.
+  bool moe = false;
+  std::int64_t E = 0, k = 0, expert_rows = 0;
+  bool ep = false;  // expert parallelism: separate send and receive buffers
 };
-ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp);
+ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp,
+                   bool moe = false);
 
 // The dense MLP in a block's MLP slot (an MoE layer brings its own lists).
 template <class V>
@@ -38,12 +44,42 @@ void describe(MlpScratch<V>& a, const ActShape& s, F&& f) {
   f(a.dgelu, s.BT * s.Fl), f(a.dfch, s.BT * s.Fl);
 }
 
+// The MoE layer in a block's MLP slot: the router's logits and probabilities (BT, E), the
+// gates of each token's choices (BT, k) and of each send row, then rows in send order (to the
+// experts' ranks) and in receive order (the experts' inputs, hidden activations, outputs).
+// Without expert parallelism send and receive order are the same rows, held once.
+template <class V>
+struct MoeActs {
+  V logits, probs, gates, send_gates;  // (BT, E) x2, (BT, k) x2
+  V xs, xr, fch, fch_gelu, yr, ys;     // (BT*k, C) ep only, (rows, C), (rows, Fl) x2, (rows, C), ep only
+};
+template <class V, class F>
+void describe(MoeActs<V>& a, const ActShape& s, F&& f) {
+  const std::int64_t sent = s.ep ? s.BT * s.k : 0;
+  f(a.logits, s.BT * s.E), f(a.probs, s.BT * s.E), f(a.gates, s.BT * s.k), f(a.send_gates, s.BT * s.k);
+  f(a.xs, sent * s.C), f(a.xr, s.expert_rows * s.C), f(a.fch, s.expert_rows * s.Fl);
+  f(a.fch_gelu, s.expert_rows * s.Fl), f(a.yr, s.expert_rows * s.C), f(a.ys, sent * s.C);
+}
+template <class V>
+struct MoeScratch {
+  V dgates, dprobs, dlogits;       // (BT, k), (BT, E) x2
+  V dys, dyr, dh, dpre, dxr, dxs;  // send and receive order, as MoeActs
+};
+template <class V, class F>
+void describe(MoeScratch<V>& a, const ActShape& s, F&& f) {
+  const std::int64_t sent = s.ep ? s.BT * s.k : 0;
+  f(a.dgates, s.BT * s.k), f(a.dprobs, s.BT * s.E), f(a.dlogits, s.BT * s.E);
+  f(a.dys, sent * s.C), f(a.dyr, s.expert_rows * s.C), f(a.dh, s.expert_rows * s.Fl);
+  f(a.dpre, s.expert_rows * s.Fl), f(a.dxr, s.expert_rows * s.C), f(a.dxs, sent * s.C);
+}
+
 // One block: res2 = x + attn(LN1(x)), res3 = res2 + mlp(LN2(res2)).
 template <class V>
 struct BlockActs {
   V ln1, qkv, atty, lse;  // (BT, C) gathered, (BT, 3Cl), (BT, Cl), (B, NHl, T)
   V ln2;                  // (BT, C) gathered
-  MlpActs<V> mlp;
+  MlpActs<V> mlp;  // a dense block's
+  MoeActs<V> moe;  // a MoE block's
   V ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (R) each
   V res2, res3;                              // (R, C)
 };
@@ -51,7 +87,10 @@ template <class V, class F>
 void describe(BlockActs<V>& a, const ActShape& s, F&& f) {
   f(a.ln1, s.BT * s.C), f(a.qkv, s.BT * 3 * s.Cl), f(a.atty, s.BT * s.Cl), f(a.lse, s.BT * s.NHl);
   f(a.ln2, s.BT * s.C);
-  describe(a.mlp, s, f);
+  if (s.moe)
+    describe(a.moe, s, f);
+  else
+    describe(a.mlp, s, f);
   f(a.ln1_mean, s.R), f(a.ln1_rstd, s.R), f(a.ln2_mean, s.R), f(a.ln2_rstd, s.R);
   f(a.res2, s.R * s.C), f(a.res3, s.R * s.C);
 }
@@ -85,13 +124,17 @@ template <class V>
 struct Scratch {
   V dres, dln;  // d(residual) (R, C) in a (BT, C) slot; d(LayerNorm out) (BT, C)
   MlpScratch<V> mlp;
+  MoeScratch<V> moe;
   V datty, dqkv;   // (BT, Cl), (BT, 3Cl)
   V dfull, dnorm;  // sequence parallel only: d(residual) gathered (BT, C); LN grads (2C)
 };
 template <class V, class F>
 void describe(Scratch<V>& a, const ActShape& s, F&& f) {
   f(a.dres, s.BT * s.C), f(a.dln, s.BT * s.C);
-  describe(a.mlp, s, f);
+  if (s.moe)
+    describe(a.moe, s, f);
+  else
+    describe(a.mlp, s, f);
   f(a.datty, s.BT * s.Cl), f(a.dqkv, s.BT * 3 * s.Cl);
   f(a.dfull, s.sp ? s.BT * s.C : 0), f(a.dnorm, s.sp ? 2 * s.C : 0);
 }

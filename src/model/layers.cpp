@@ -242,7 +242,10 @@ void Block<T>::forward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> partial) c
   proj.forward(c, a.atty, partial, a.res2);
   profile::region("residual", [&] { K::axpy<T>(a.res2, T(1), x); });
   ln2.forward(c, a.res2, own_rows(c, a.ln2, C), a.ln2_mean, a.ln2_rstd);
-  mlp.forward(c, a.ln2, a.mlp, partial, a.res3);
+  if (routing)
+    moe.forward(c, a.ln2, a.moe, *routing, partial, a.res3);
+  else
+    mlp.forward(c, a.ln2, a.mlp, partial, a.res3);
   profile::region("residual", [&] { K::axpy<T>(a.res3, T(1), a.res2); });
 }
 
@@ -251,7 +254,8 @@ void Block<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) 
   // Under SP the reduced d(LayerNorm out) rows land in dfull, free until its next gather.
   const Vec<T> rows = c.tp->sp() ? slice(g.dfull, 0, c.R * ln1.C) : g.dln;
   // g.dres holds d(res3): the MLP branch, then d(res2) = d(res3) + LN2'(...).
-  Vec<T> dy = mlp.backward(c, a.ln2, a.mlp, g.dres, g.mlp, g.dfull, g.dln, rows);
+  Vec<T> dy = routing ? moe.backward(c, a.ln2, a.moe, *routing, g.dres, g.moe, g.dfull, g.dln, rows)
+                      : mlp.backward(c, a.ln2, a.mlp, g.dres, g.mlp, g.dfull, g.dln, rows);
   ln2.backward(c, a.res2, a.ln2_mean, a.ln2_rstd, dy, g.dres, g.dnorm);
   // The attention branch, then d(x) = d(res2) + LN1'(...).
   proj.backward(c, a.atty, g.dres, g.dfull, g.datty);

@@ -20,6 +20,7 @@
 #include "kernels/view.hpp"
 #include "model/activations.hpp"
 #include "model/context_parallel.hpp"
+#include "model/moe.hpp"
 
 namespace ptrain::model {
 
@@ -162,8 +163,8 @@ struct Head {
                 Vec<T> dx, Vec<T> dln, Vec<T> rows, Vec<T> norm_scratch) const;
 };
 
-// A pre-LayerNorm transformer block: LN, attention, LN, MLP slot (dense now; an MoE layer
-// takes the same place).
+// A pre-LayerNorm transformer block: LN, attention, LN, MLP slot (the dense MLP, or with
+// a routing record to fill, the MoE layer).
 template <class T>
 struct Block {
   LayerNorm<T> ln1, ln2;
@@ -171,6 +172,8 @@ struct Block {
   Attention<T> attn;
   RowParallelLinear<T> proj;
   MLP<T> mlp;
+  MoE<T> moe;
+  Routing* routing = nullptr;  // non-null: the MLP slot is `moe`
   using Acts = BlockActs<Vec<T>>;
   using Grads = Scratch<Vec<T>>;  // the backward's scratch; dres cut to (R, C)
   // Acts.res3 [=] block(x (R, C)); `partial` (BT, C) is scratch.

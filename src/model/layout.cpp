@@ -22,6 +22,8 @@ Dims dims_of(const Config& config) {
   d.n_expert = m.n_expert;
   d.top_k = m.top_k;
   d.moe_every = m.moe_every;
+  d.capacity_factor = m.capacity_factor;
+  d.aux_loss_coef = m.aux_loss_coef;
   return d;
 }
 
@@ -226,8 +228,14 @@ std::vector<int> sequence_positions(const std::vector<SeqPiece>& pieces) {
   return pos;
 }
 
-ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp) {
+ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp,
+                   bool moe) {
   ActShape s;
+  s.moe = moe && d.n_expert > 0;
+  s.E = d.n_expert;
+  s.k = d.top_k;
+  s.ep = c.E > 1;
+  s.expert_rows = s.moe ? c.E * B * T * d.top_k : 0;
   s.BT = B * T;
   s.R = sp ? s.BT / c.T : s.BT;
   s.C = d.C;
@@ -246,6 +254,11 @@ ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_
   a.per_layer = size_of<BlockActs>(s);
   a.outside = size_of<InputActs>(s) + (has_head ? size_of<HeadActs>(s) : 0);
   a.scratch = size_of<Scratch>(s);
+  if (d.n_expert > 0) {  // room for either kind of block in every layer slot
+    const ActShape m = act_shape(d, c, B, T, sequence_parallel, true);
+    a.per_layer = std::max(a.per_layer, size_of<BlockActs>(m));
+    a.scratch = std::max(a.scratch, size_of<Scratch>(m));
+  }
   return a;
 }
 

@@ -33,6 +33,7 @@ struct Dims {
   std::int64_t L, C, NH, HS, F, V, Vpad, S;  // layers, width, heads, head size, MLP width,
                                              // vocab, padded vocab, sequence length
   std::int64_t n_expert, top_k, moe_every;
+  double capacity_factor, aux_loss_coef;
   bool is_moe_layer(std::int64_t layer) const {
     return n_expert > 0 && (layer % moe_every) == moe_every - 1;
   }

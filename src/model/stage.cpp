@@ -69,7 +69,7 @@ struct Stage<T>::Acts {
 
 template <class T>
 Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
-                int micro_batch, int slots, ParamStore<T>* store, Comm* tp, Comm* cp)
+                int micro_batch, int slots, ParamStore<T>* store, Comm* tp, Comm* cp, Comm* ep)
     : dims_(dims_of(config)),
       coord_(coord),
       layout_(layout),
@@ -77,7 +77,12 @@ Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
       micro_batch_(micro_batch),
       tp_(tp, config.parallel.sequence_parallel),
       cp_(cp, dims_.S, coord.cp_zigzag),
-      S_(int(dims_.S / coord.C)) {
+      S_(int(dims_.S / coord.C)),
+      ep_(ep && ep->size() > 1 ? ep : nullptr),
+      aux_scale_(double(config.train.micro_batch) / double(config.train.global_batch)),
+      moe_stats_(std::size_t(layout.n_layers)) {
+  PTRAIN_REQUIRE(coord.E == 1 || (ep && ep->size() == coord.E), "model: expert parallelism over ",
+                 coord.E, " ranks needs their ep group");
   PTRAIN_REQUIRE(coord.T == 1 || (tp && tp->size() == coord.T), "model: tensor parallelism over ",
                  coord.T, " ranks needs their tp group");
   PTRAIN_REQUIRE(coord.C == 1 || (cp && cp->size() == coord.C && cp->rank() == coord.c),
@@ -106,6 +111,7 @@ Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
     s.offset = kept * k;
     if (layout_.has_embedding) s.tokens = Kokkos::View<int*>("ptrain::tokens", ids);
     if (layout_.has_head) s.targets = Kokkos::View<int*>("ptrain::targets", ids);
+    s.routing.resize(std::size_t(layout_.n_layers));
     slots_.push_back(std::move(s));
   }
 }
@@ -118,9 +124,10 @@ typename Stage<T>::Acts Stage<T>::carve(int slot, const Ctx& c) const {
   const ActShape shape = act_shape(dims_, coord_, c.B, c.S, tp_.sp());
   const K::Vec<T> all = slice(acts_.view(), s.offset, sizes_.kept(layout_.n_layers));
   Acts a;
-  for (std::int64_t l = 0; l < layout_.n_layers; ++l)
+  for (int l = 0; l < layout_.n_layers; ++l)
     a.blocks.push_back(Carver<T>{slice(all, sizes_.per_layer * l, sizes_.per_layer)}
-                           .template take<BlockActs>(shape));
+                           .template take<BlockActs>(
+                               act_shape(dims_, coord_, c.B, c.S, tp_.sp(), is_moe(l))));
   Carver<T> outside{slice(all, sizes_.per_layer * layout_.n_layers, sizes_.outside)};
   a.in = outside.template take<InputActs>(shape);
   if (layout_.has_head) a.head = outside.template take<HeadActs>(shape);
@@ -129,10 +136,12 @@ typename Stage<T>::Acts Stage<T>::carve(int slot, const Ctx& c) const {
   return a;
 }
 
+// The scratch of a dense or a MoE block: two carvings of one buffer, which agree on dres
+// (first), the only part a block hands to the next.
 template <class T>
-typename Block<T>::Grads Stage<T>::carve_scratch(const Ctx& c) const {
+typename Block<T>::Grads Stage<T>::carve_scratch(const Ctx& c, bool moe) const {
   auto g = Carver<T>{scratch_.view()}.template take<Scratch>(
-      act_shape(dims_, coord_, c.B, c.S, tp_.sp()));
+      act_shape(dims_, coord_, c.B, c.S, tp_.sp(), moe));
   g.dres = slice(g.dres, 0, c.R * dims_.C);
   return g;
 }
@@ -158,10 +167,30 @@ Block<T> Stage<T>::block(int unit, const K::Vec<T>& w, const K::Vec<T>& g) const
   b.proj = {p("attn.proj.weight"), p("attn.proj.bias"), d("attn.proj.weight"), d("attn.proj.bias"),
             Cl, C};
   b.ln2 = {p("ln_2.weight"), p("ln_2.bias"), d("ln_2.weight"), d("ln_2.bias"), C};
-  b.mlp.fc = {p("mlp.fc.weight"), p("mlp.fc.bias"), d("mlp.fc.weight"), d("mlp.fc.bias"), C, Fl};
-  b.mlp.proj = {p("mlp.proj.weight"), p("mlp.proj.bias"), d("mlp.proj.weight"),
-                d("mlp.proj.bias"), Fl, C};
+  if (is_moe(units_[std::size_t(unit)].layer - int(layout_.first_layer))) {
+    set_moe(b, unit, w, g);
+  } else {
+    b.mlp.fc = {p("mlp.fc.weight"), p("mlp.fc.bias"), d("mlp.fc.weight"), d("mlp.fc.bias"), C, Fl};
+    b.mlp.proj = {p("mlp.proj.weight"), p("mlp.proj.bias"), d("mlp.proj.weight"),
+                  d("mlp.proj.bias"), Fl, C};
+  }
   return b;
+}
+
+template <class T>
+void Stage<T>::set_moe(Block<T>& b, int unit, const K::Vec<T>& w, const K::Vec<T>& g) const {
+  const std::string h = cat("h.", units_[std::size_t(unit)].layer, ".moe.");
+  auto p = [&](const char* n) { return tensor(w, unit, h + n); };
+  auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<T>(); };
+  MoE<T>& m = b.moe;
+  m.router = p("router.weight"), m.drouter = d("router.weight");
+  m.fc_w = p("fc.weight"), m.fc_b = p("fc.bias"), m.proj_w = p("proj.weight"), m.proj_b = p("proj.bias");
+  m.dfc_w = d("fc.weight"), m.dfc_b = d("fc.bias"), m.dproj_w = d("proj.weight"), m.dproj_b = d("proj.bias");
+  m.C = int(dims_.C), m.Fl = int(dims_.F / coord_.T), m.E = int(dims_.n_expert);
+  m.El = int(dims_.n_expert / coord_.E), m.k = int(dims_.top_k);
+  m.capacity_factor = dims_.capacity_factor, m.aux_coef = dims_.aux_loss_coef;
+  m.aux_scale = aux_scale_;
+  m.ep = ep_;
 }
 
 template <class T>
@@ -209,9 +238,15 @@ double Stage<T>::forward(int slot, const MicroBatch& mb, bool for_backward) {
   K::Vec<T> x = a.in.x;
   for (int l = 0; l < layout_.n_layers; ++l) {
     const int unit = u_block0_ + l;
-    block(unit, store_->params(unit, Phase::forward), {}).forward(c, x, a.blocks[l], partial);
+    Block<T> b = block(unit, store_->params(unit, Phase::forward), {});
+    if (is_moe(l)) b.routing = &s.routing[std::size_t(l)];
+    // Evaluation routes dropless: a token's loss must not depend on how validation samples
+    // are grouped into micro-batches, which differs between grids.
+    if (!for_backward) b.moe.capacity_factor = 0;
+    b.forward(c, x, a.blocks[std::size_t(l)], partial);
     x = a.blocks[std::size_t(l)].res3;
     store_->release_params(unit);
+    if (b.routing && for_backward) count_moe(l, *b.routing);
   }
   if (!layout_.has_head) return 0;
   const K::Vec<T> w = store_->params(u_head_, Phase::forward);
@@ -228,7 +263,7 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
   const Ctx c(tp_, s.B, S_, &cp_);
   last_B_ = s.B;
   const Acts a = carve(slot, c);
-  const auto g = carve_scratch(c);
+  const auto g = carve_scratch(c), g_moe = carve_scratch(c, true);
   const auto block_input = [&](std::int64_t l) {
     return l == 0 ? a.in.x : a.blocks[std::size_t(l - 1)].res3;
   };
@@ -254,8 +289,9 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
   }
   for (int l = int(layout_.n_layers) - 1; l >= 0; --l) {
     const int unit = u_block0_ + l;
-    block(unit, store_->params(unit, Phase::backward), store_->grads(unit))
-        .backward(c, block_input(l), a.blocks[std::size_t(l)], g);
+    Block<T> b = block(unit, store_->params(unit, Phase::backward), store_->grads(unit));
+    if (is_moe(l)) b.routing = &slots_[std::size_t(slot)].routing[std::size_t(l)];
+    b.backward(c, block_input(l), a.blocks[std::size_t(l)], b.routing ? g_moe : g);
     store_->release_params(unit);
     store_->grads_done(unit);
   }
@@ -263,6 +299,23 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
   embedding(emb, demb).backward(c, a.tokens, g.dres, g.dfull);
   store_->release_params(u_emb_);
   store_->grads_done(u_emb_);
+}
+
+template <class T>
+void Stage<T>::count_moe(int l, const Routing& r) {
+  MoeStats& m = moe_stats_[std::size_t(l)];
+  m.aux += r.aux;
+  m.load.resize(r.load.size(), 0);
+  for (std::size_t e = 0; e < r.load.size(); ++e) m.load[e] += r.load[e];
+  m.dropped += r.dropped;
+  m.choices += r.choices;
+}
+
+template <class T>
+std::vector<typename Stage<T>::MoeStats> Stage<T>::take_moe_stats() {
+  std::vector<MoeStats> out(moe_stats_.size());
+  std::swap(out, moe_stats_);
+  return out;
 }
 
 template <class T>

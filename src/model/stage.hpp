@@ -78,7 +78,7 @@ class Stage {
   // seq_len / C positions) and `cp` is the ring its attention runs on.
   Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
         int micro_batch, int slots = 1, ParamStore<T>* store = nullptr, Comm* tp = nullptr,
-        Comm* cp = nullptr);
+        Comm* cp = nullptr, Comm* ep = nullptr);
 
   const Dims& dims() const { return dims_; }
   const ChunkLayout& layout() const { return layout_; }
@@ -108,17 +108,31 @@ class Stage {
   kernels::Vec<T> output(int slot) const;         // (R, C) of the slot's micro-batch
   kernels::Vec<T> input_grad() const;      // (R, C) of the last backward
 
+  // Mixture of experts, summed over the training forwards since the last call, per block
+  // of the chunk (dense blocks stay empty): the load-balancing losses (aux_loss_coef
+  // included) and each expert's kept choices among this rank's tokens.
+  struct MoeStats {
+    double aux = 0;
+    std::vector<std::int64_t> load;  // (n_expert)
+    std::int64_t dropped = 0, choices = 0;
+  };
+  std::vector<MoeStats> take_moe_stats();
+
  private:
   struct Acts;  // one slot's activations, carved for its micro-batch
   struct Slot {
     std::int64_t offset = 0;             // of its activations in acts_
     Kokkos::View<int*> tokens, targets;  // (micro_batch, S), on the first / last stage
     int B = 0;                           // samples of the micro-batch now in the slot
+    std::vector<Routing> routing;        // per block: its MoE routing (MoE blocks only)
   };
   Acts carve(int slot, const Ctx& c) const;
-  typename Block<T>::Grads carve_scratch(const Ctx& c) const;
+  typename Block<T>::Grads carve_scratch(const Ctx& c, bool moe = false) const;
   kernels::Vec<T> tensor(const kernels::Vec<T>& unit_view, int unit, const std::string& name) const;
+  bool is_moe(int l) const { return dims_.is_moe_layer(layout_.first_layer + l); }
   Block<T> block(int unit, const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
+  void set_moe(Block<T>& b, int unit, const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
+  void count_moe(int l, const Routing& r);
   Embedding<T> embedding(const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
   Head<T> head(const kernels::Vec<T>& w, const kernels::Vec<T>& g, const kernels::Vec<T>& wte,
                const kernels::Vec<T>& dwte) const;
@@ -134,6 +148,9 @@ class Stage {
   ActivationSizes sizes_;                         // per slot, at capacity
   TensorParallel tp_;
   ContextParallel cp_;  // this rank's share of each sequence
+  Comm* ep_ = nullptr;  // expert parallelism (MoE blocks)
+  double aux_scale_ = 1;  // d(objective)/d(a micro-batch's aux loss)
+  std::vector<MoeStats> moe_stats_;
   int S_ = 0;           // positions per sample here: seq_len / C
   std::unique_ptr<ResidentStore<T>> own_store_;
   ParamStore<T>* store_ = nullptr;

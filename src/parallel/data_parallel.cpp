@@ -70,6 +70,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
         Bucket b;
         b.lo = std::max<std::int64_t>(0, hi - z.bucket);
         b.hi = hi;
+        b.segments = segments(layout, b.lo, b.hi);
         buckets_.push_back(std::move(b));
       }
     } else {
@@ -158,10 +159,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       if (!last_micro_) return;
       ready_lo_ = std::min(ready_lo_, u.lo);
       for (auto& b : buckets_)
-        if (!b.launched && b.lo >= ready_lo_) {
-          b.req = dp_.group_.all_reduce_sum(grads_.data() + b.lo, std::size_t(b.hi - b.lo));
-          b.launched = true;
-        }
+        if (!b.launched && b.lo >= ready_lo_) launch(b);
       progress();
       return;
     }
@@ -201,12 +199,12 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   void finish_gradients() {
     if (dp_.zero_ <= 1) {
       for (auto& b : buckets_) {
-        if (!b.launched)
-          b.req = dp_.group_.all_reduce_sum(grads_.data() + b.lo, std::size_t(b.hi - b.lo));
+        if (!b.launched) launch(b);
         const double bytes = double(b.hi - b.lo) * sizeof(T);
         total_bytes_ += bytes;
-        if (b.finished_early || b.req.test()) done_early_bytes_ += bytes;
-        b.req.wait();
+        if (b.finished_early || test(b)) done_early_bytes_ += bytes;
+        for (auto& r : b.reqs) r.wait();
+        b.reqs.clear();
         b.launched = b.finished_early = false;
       }
     } else {
@@ -219,11 +217,56 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   TrackedView<T> params_, grads_;
 
  private:
+  // A range of the flat buffer reduced over one group: expert tensors over the
+  // expert-grad group (d, c) when experts are split over ep, everything else over dense-grad.
+  struct Segment {
+    std::int64_t lo = 0, hi = 0;
+    bool expert = false;
+  };
   struct Bucket {
     std::int64_t lo = 0, hi = 0;
-    Request req;
+    std::vector<Segment> segments;
+    std::vector<Request> reqs;
     bool launched = false, finished_early = false;
   };
+
+  // [lo, hi) cut where the reduction group changes (one segment without expert parallelism).
+  std::vector<Segment> segments(const model::ChunkLayout& layout, std::int64_t lo,
+                                std::int64_t hi) const {
+    std::vector<Segment> out;
+    auto add = [&](std::int64_t a, std::int64_t b, bool expert) {
+      if (a >= b) return;
+      if (!out.empty() && out.back().expert == expert && out.back().hi == a)
+        out.back().hi = b;
+      else
+        out.push_back({a, b, expert});
+    };
+    if (!dp_.split_experts()) {
+      add(lo, hi, false);
+      return out;
+    }
+    std::int64_t at = lo;
+    for (const auto& t : layout.tensors) {
+      const std::int64_t a = std::max(at, t.offset), b = std::min(hi, t.offset + t.numel);
+      if (a >= b) continue;
+      add(at, a, false);  // a gap (none in a layout; kept general)
+      add(a, b, t.expert);
+      at = b;
+    }
+    add(at, hi, false);  // padding
+    return out;
+  }
+  void launch(Bucket& b) {
+    for (const Segment& s : b.segments)
+      b.reqs.push_back((s.expert ? *dp_.experts_ : dp_.group_)
+                           .all_reduce_sum(grads_.data() + s.lo, std::size_t(s.hi - s.lo)));
+    b.launched = true;
+  }
+  static bool test(Bucket& b) {
+    bool done = true;
+    for (auto& r : b.reqs) done = r.test() && done;
+    return done;
+  }
   struct Window {
     TrackedView<T> buf, recv;
     int unit = -1;
@@ -289,7 +332,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   // Lets MPI advance the collectives in flight (no progress thread in Open MPI).
   void progress() {
     for (auto& b : buckets_)
-      if (b.launched && !b.finished_early && b.req.test()) b.finished_early = true;
+      if (b.launched && !b.finished_early && test(b)) b.finished_early = true;
     if (grad_emb_.pending_fold) grad_emb_.req.test();
     for (auto& w : grad_slots_)
       if (w.pending_fold) w.req.test();
@@ -309,15 +352,17 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
 
 template <class T>
 DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
-                              Comm* tp)
+                              Comm* tp, Comm* experts)
     : group_(group),
       tp_(tp),
+      experts_(experts && experts->size() != group.size() ? experts : nullptr),
       layout_(layout),
       dims_(model::dims_of(config)),
       zero_(int(config.parallel.zero)),
       D_(group.size()),
       r_(group.rank()) {
   sizes_ = data_parallel_sizes(layout, D_, zero_, config.parallel.bucket_mb, sizeof(T));
+  PTRAIN_REQUIRE(!experts_ || zero_ == 0, "data parallel: experts split over ep need ZeRO 0");
   if (zero_ == 0) {
     update_lo_ = 0;
     update_hi_ = sizes_.numel;
@@ -400,9 +445,14 @@ void DataParallel<T>::for_each_owned_grad(F&& f) {
   const std::int64_t S = sizes_.shard;
   const std::int64_t lo = std::min(sizes_.numel, r_ * S), hi = std::min(sizes_.numel, (r_ + 1) * S);
   const std::int64_t base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
+  // Split experts (ZeRO 0): each is whole on its expert-grad group, which owns it in shards.
+  const std::int64_t Sx = experts_ ? (sizes_.numel + experts_->size() - 1) / experts_->size() : 0,
+                     rx = experts_ ? experts_->rank() : 0;
   for (std::size_t i = 0; i < layout_.tensors.size(); ++i) {
     const auto& t = layout_.tensors[i];
-    const std::int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    const bool x = experts_ && t.expert;
+    const std::int64_t a = std::max(x ? rx * Sx : lo, t.offset),
+                       b = std::min(x ? (rx + 1) * Sx : hi, t.offset + t.numel);
     if (a < b) f(int(i), t, slice(store_->grads_.view(), a - base, b - base));
   }
 }

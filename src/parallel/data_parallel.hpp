@@ -44,9 +44,11 @@ template <class T>
 class DataParallel {
  public:
   // `tp` (may be null) is the tensor-parallel group: the gradient norm adds the shards of
-  // tp-split tensors over it and counts tp-replicated ones once.
+  // tp-split tensors over it and counts tp-replicated ones once. `experts` (may be null) is
+  // the expert-grad group (d, c): when it is smaller than `group` (experts split over ep),
+  // expert tensors are reduced over it instead (ZeRO 0 only, so far).
   DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
-               Comm* tp = nullptr);
+               Comm* tp = nullptr, Comm* experts = nullptr);
   ~DataParallel();
 
   model::ParamStore<T>* store();
@@ -97,8 +99,10 @@ class DataParallel {
   // f(index in layout_.tensors, spec, gradients of its part in this rank's owned range).
   template <class F>
   void for_each_owned_grad(F&& f);
+  bool split_experts() const { return experts_ != nullptr; }
   Comm& group_;
   Comm* tp_ = nullptr;
+  Comm* experts_ = nullptr;
   model::ChunkLayout layout_;
   model::Dims dims_;
   int zero_ = 0, D_ = 1, r_ = 0;

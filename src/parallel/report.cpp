@@ -87,6 +87,8 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
               "t_optimizer", "eta_s",  "skipped"};
   if (config.parallel.pp > 1)
     columns_.insert(columns_.end(), {"bubble", "bubble_model", "bubble_theory"});
+  if (config.model.n_expert > 0)
+    columns_.insert(columns_.end(), {"aux_loss", "moe_dropped", "moe_load_min", "moe_load_max"});
   for (std::size_t i : groups_) {
     const std::string g = column_stem(traffic_[i].group);
     columns_.insert(columns_.end(), {"bytes_" + g, "exposed_" + g + "_s"});
@@ -132,7 +134,11 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
       {"overlap_dense_grad", fixed("%.4f", r.comm_overlap)},
       {"bubble", fixed("%.4f", r.bubble)},
       {"bubble_model", fixed("%.4f", r.bubble_model)},
-      {"bubble_theory", fixed("%.4f", bubble_theory_)}};
+      {"bubble_theory", fixed("%.4f", bubble_theory_)},
+      {"aux_loss", fixed("%.17g", r.aux_loss)},
+      {"moe_dropped", fixed("%.6f", r.moe_dropped)},
+      {"moe_load_min", fixed("%.4f", r.moe_load_min)},
+      {"moe_load_max", fixed("%.4f", r.moe_load_max)}};
   std::string comm_text;
   for (std::size_t i : groups_) {
     const GroupTraffic& t = traffic_[i];
@@ -158,6 +164,11 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
                 fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
                 fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
                 fixed("%.3f", r.t_optimizer), " s", comm_text,
+                config_.model.n_expert > 0
+                    ? cat(" | moe aux ", fixed("%.4f", r.aux_loss), ", dropped ",
+                          fixed("%.1f%%", 100 * r.moe_dropped), ", expert load ",
+                          fixed("%.2f", r.moe_load_min), "-", fixed("%.2f", r.moe_load_max), " of mean")
+                    : std::string(),
                 config_.parallel.pp > 1
                     ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble), " (schedule at these stage times ",
                           fixed("%.1f%%", 100 * r.bubble_model), ", equal stages ",

@@ -46,9 +46,10 @@ void check_supported(const Config& c, int world_size) {
   auto no = [](bool asked, const char* what) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
-  no(c.parallel.ep > 1,
-     "training with parallel%ep > 1 (data, tensor, pipeline and context parallelism so far; "
-     "--plan works)");
+  no(c.parallel.ep > 1 && c.parallel.zero > 0,
+     "parallel%ep > 1 with parallel%zero > 0 (experts split over ep train with ZeRO 0: their "
+     "gradients reduce over the expert-grad group, and ZeRO's shards of the two groups' "
+     "buffers are not separated yet)");
   (void)world_size;
 #ifndef PTRAIN_ENABLE_CUDA
   // What this build can run, not what the deck means: `--plan` plans a GPU deck anywhere.
@@ -57,7 +58,6 @@ void check_supported(const Config& c, int world_size) {
                 "-DPTRAIN_ENABLE_CUDA=ON)",
                 kExitInput);
 #endif
-  no(c.model.n_expert > 0, "model%n_expert > 0 (mixture-of-experts layers)");
   no(c.train.recompute != "none", "train%recompute other than 'none'");
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");
   no(c.model.dtype == "bf16", "model%dtype = 'bf16' (mixed precision comes with the CUDA backend)");
@@ -71,6 +71,8 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
       tp_(grid.comm(GroupKind::tp), "tp"),
       pp_(grid.comm(GroupKind::pp), "pp"),
       cp_(grid.comm(GroupKind::cp), "cp"),
+      ep_(grid.comm(GroupKind::ep), "ep"),
+      expert_grad_(grid.comm(GroupKind::expert_grad), "expert-grad"),
       data_(data::open_source(data::spec_from_config(config))),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
@@ -87,11 +89,11 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
   std::vector<typename PipelineExecutor<T>::Chunk> executed;
   for (const model::ChunkLayout& layout : model::build_layout(config, coord)) {
     Chunk ch;
-    ch.dp = std::make_unique<DataParallel<T>>(config, dense_grad_, layout, &tp_);
+    ch.dp = std::make_unique<DataParallel<T>>(config, dense_grad_, layout, &tp_, &expert_grad_);
     // Activation slots: the most micro-batches this chunk has in flight in the schedule.
     const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
     ch.stage = std::make_unique<model::Stage<T>>(config, coord, ch.dp->layout(), mb, slots,
-                                                 ch.dp->store(), &tp_, &cp_);
+                                                 ch.dp->store(), &tp_, &cp_, &ep_);
     ch.optimizer = optim::make_optimizer<T>(
         config.train.optimizer, decay_segments(layout), std::size_t(ch.dp->update_lo()),
         std::size_t(ch.dp->update_hi()), optim::hyper_from_config(config));
@@ -161,6 +163,50 @@ std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
   return {v[0], v[1]};
 }
 
+// The MoE layers' step, over every rank: the load-balancing loss (mean over the global
+// batch's micro-batches, summed over layers), the share of token choices dropped, and the
+// least and most loaded expert of any layer relative to that layer's mean load.
+template <class T>
+void Trainer<T>::moe_summary(StepResult& r) {
+  const std::int64_t L = config_.model.n_layer, E = config_.model.n_expert;
+  const std::size_t row = std::size_t(E + 3);  // aux, dropped, choices, load[E]
+  std::vector<double> v(std::size_t(L) * row, 0.0);
+  // Every tp rank routes the same tokens (count them once); cp ranks hold different tokens
+  // of the same micro-batches, whose aux loss they share (count it once).
+  const bool count = grid_.coord(Axis::t) == 0, count_aux = count && grid_.coord(Axis::c) == 0;
+  for (auto& ch : chunks_) {
+    const std::vector<typename model::Stage<T>::MoeStats> stats = ch.stage->take_moe_stats();
+    for (std::size_t l = 0; l < stats.size(); ++l) {
+      double* x = v.data() + std::size_t(ch.stage->layout().first_layer + std::int64_t(l)) * row;
+      if (!count || stats[l].load.empty()) continue;
+      x[0] += count_aux ? stats[l].aux : 0.0;
+      x[1] += double(stats[l].dropped);
+      x[2] += double(stats[l].choices);
+      for (std::size_t e = 0; e < stats[l].load.size(); ++e) x[3 + e] += double(stats[l].load[e]);
+    }
+  }
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM, grid_.cart()),
+             "trainer: MPI_Allreduce (expert statistics)");
+  double aux = 0, dropped = 0, choices = 0, lo = 0, hi = 0;
+  bool first = true;
+  for (std::int64_t l = 0; l < L; ++l) {
+    const double* x = v.data() + std::size_t(l) * row;
+    if (x[2] == 0) continue;  // a dense block
+    aux += x[0], dropped += x[1], choices += x[2];
+    double kept = 0;
+    for (std::int64_t e = 0; e < E; ++e) kept += x[3 + e];
+    const double mean = kept / double(E);
+    for (std::int64_t e = 0; e < E && mean > 0; ++e) {
+      const double ratio = x[3 + e] / mean;
+      lo = first ? ratio : std::min(lo, ratio), hi = first ? ratio : std::max(hi, ratio);
+      first = false;
+    }
+  }
+  r.aux_loss = aux * double(config_.train.micro_batch) / double(config_.train.global_batch);
+  r.moe_dropped = choices > 0 ? dropped / choices : 0;
+  r.moe_load_min = lo, r.moe_load_max = hi;
+}
+
 // The measured bubble, and what the schedule gives with this step's forward and backward
 // times of every stage (stages are never quite equal: the embedding, the head, the cores),
 // both as the largest rank's waits for pipeline messages over the step time.
@@ -215,6 +261,7 @@ StepResult Trainer<T>::step(std::int64_t s) {
     throw Error(cat("run%debug_fail_rank: rank ", grid_.world_rank(),
                     " fails on purpose after the backward of step ", s));
   std::tie(r.t_forward, r.t_backward) = pipeline_->take_compute_seconds();
+  if (config_.model.n_expert > 0) moe_summary(r);
   profile::region("grad-sync", [&] { finish_gradients(); });
 
   Stopwatch opt;

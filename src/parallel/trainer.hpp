@@ -35,11 +35,15 @@ struct StepResult {
   // largest rank's simulated waits for messages over the step time): what `bubble` should be
   // when the executor adds nothing to the schedule.
   double bubble_model = 0;
+  // Mixture of experts (model%n_expert > 0): the load-balancing loss (in the objective, not
+  // in `loss`), the share of token choices dropped at capacity, and the least and most
+  // loaded expert of any MoE layer relative to that layer's mean load (1 = even).
+  double aux_loss = 0, moe_dropped = 0, moe_load_min = 0, moe_load_max = 0;
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
-// cannot train yet: expert parallelism, mixture of experts, recomputation, a device other
-// than the CPU, bf16.
+// cannot train yet: recomputation, a device other than the CPU, bf16 (and expert
+// parallelism with ZeRO > 0).
 void check_supported(const Config& config, int world_size);
 
 template <class T>
@@ -72,6 +76,7 @@ class Trainer {
   model::MicroBatch fetch(data::Split split, std::int64_t step, std::int64_t first, int B);
   void finish_gradients();
   void measure_bubble(StepResult& r, double pp_wait_seconds);
+  void moe_summary(StepResult& r);
   // Loss sum and the squared gradient norm, summed over every rank at once.
   std::pair<double, double> loss_and_norm_squared(double loss_sum);
   void skip_nonfinite(StepResult& r);  // or throws (train%nonfinite)
@@ -80,7 +85,8 @@ class Trainer {
 
   const Config& config_;
   const Grid& grid_;
-  MpiComm dense_grad_, tp_, pp_, cp_;  // gradient reduction; tensor, pipeline, context parallelism
+  MpiComm dense_grad_, tp_, pp_, cp_, ep_;  // gradient reduction; tp, pp, cp and ep groups
+  MpiComm expert_grad_;                     // expert gradients (experts split over ep)
   Communicator ends_comm_;                // the tied embedding's two ends (pipeline)
   std::unique_ptr<MpiComm> ends_;
   std::vector<Chunk> chunks_;
