@@ -22,7 +22,17 @@ struct ActShape {
   bool moe = false;
   std::int64_t E = 0, k = 0, expert_rows = 0;
   bool ep = false;  // expert parallelism: separate send and receive buffers
+  // A block's activations split by recomputation: `kept` sizes what a block keeps between
+  // its forward and backward (the recomputed tensors are empty), `recomputed` what is
+  // rebuilt in the backward (into one block's worth of workspace; the rest empty).
+  Recompute recompute = Recompute::none;
+  enum Part { whole, kept, recomputed } part = whole;
 };
+// s with part p.
+inline ActShape with_part(ActShape s, ActShape::Part p) {
+  s.part = p;
+  return s;
+}
 ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T, bool sp,
                    bool moe = false);
 
@@ -85,14 +95,25 @@ struct BlockActs {
 };
 template <class V, class F>
 void describe(BlockActs<V>& a, const ActShape& s, F&& f) {
-  f(a.ln1, s.BT * s.C), f(a.qkv, s.BT * 3 * s.Cl), f(a.atty, s.BT * s.Cl), f(a.lse, s.BT * s.NHl);
-  f(a.ln2, s.BT * s.C);
-  if (s.moe)
-    describe(a.moe, s, f);
-  else
-    describe(a.mlp, s, f);
-  f(a.ln1_mean, s.R), f(a.ln1_rstd, s.R), f(a.ln2_mean, s.R), f(a.ln2_rstd, s.R);
-  f(a.res2, s.R * s.C), f(a.res3, s.R * s.C);
+  // n elements, or none when the field is in the other part (`cheap`: selective drops it).
+  const bool sel = s.recompute == Recompute::selective, full = s.recompute == Recompute::full;
+  auto part = [&](bool cheap, std::int64_t n) {
+    const bool redone = full || (sel && cheap);
+    return s.part == ActShape::whole || (s.part == ActShape::recomputed) == redone ? n : 0;
+  };
+  f(a.ln1, part(true, s.BT * s.C)), f(a.qkv, part(false, s.BT * 3 * s.Cl));
+  f(a.atty, part(true, s.BT * s.Cl)), f(a.lse, part(false, s.BT * s.NHl));
+  f(a.ln2, part(true, s.BT * s.C));
+  if (s.moe) {
+    describe(a.moe, s, [&](V& field, std::int64_t n) { f(field, part(false, n)); });
+  } else {
+    f(a.mlp.fch, part(false, s.BT * s.Fl)), f(a.mlp.fch_gelu, part(true, s.BT * s.Fl));
+  }
+  f(a.ln1_mean, part(false, s.R)), f(a.ln1_rstd, part(false, s.R));
+  f(a.ln2_mean, part(false, s.R)), f(a.ln2_rstd, part(false, s.R));
+  f(a.res2, part(false, s.R * s.C));
+  // res3, the next block's input, is always kept
+  f(a.res3, s.part == ActShape::recomputed ? 0 : s.R * s.C);
 }
 
 // The stage's input: the embedding output on the first stage, else the received activation.

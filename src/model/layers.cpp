@@ -264,6 +264,23 @@ void Block<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) 
   ln1.backward(c, x, a.ln1_mean, a.ln1_rstd, dy, g.dres, g.dnorm);
 }
 
+template <class T>
+void Block<T>::recompute(const Ctx& c, CVec<T> x, const Acts& a, Recompute mode,
+                         Vec<T> partial) const {
+  if (mode == Recompute::full) return forward(c, x, a, partial);
+  if (mode != Recompute::selective) return;
+  const int C = ln1.C;
+  ln1.forward(c, x, own_rows(c, a.ln1, C), a.ln1_mean, a.ln1_rstd);
+  c.tp->gather_rows(a.ln1);
+  attn.forward(c, a.qkv, a.atty, a.lse);
+  ln2.forward(c, a.res2, own_rows(c, a.ln2, C), a.ln2_mean, a.ln2_rstd);
+  c.tp->gather_rows(a.ln2);
+  if (!routing)
+    profile::region("gelu", [&] {
+      K::gelu_forward<T>(a.mlp.fch_gelu, a.mlp.fch, a.mlp.fch.extent(0));
+    });
+}
+
 #define PTRAIN_LAYERS_INSTANTIATE(T)                                                   \
   template void TensorParallel::sum<T>(const Vec<T>&) const;                           \
   template void TensorParallel::max<T>(const Vec<T>&) const;                           \

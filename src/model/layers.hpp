@@ -180,6 +180,11 @@ struct Block {
   void forward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> partial) const;
   // g.dres (R, C): d(res3) in, d(x) out.
   void backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) const;
+  // Rebuilds, before the backward, what train%recompute did not keep (model/activations.hpp):
+  // selective reruns the LayerNorms, attention and GELU from the kept tensors; full reruns
+  // the forward from x (`partial` (BT, C) scratch). The same kernels on the same inputs:
+  // the same values as the first forward.
+  void recompute(const Ctx& c, CVec<T> x, const Acts& a, Recompute mode, Vec<T> partial) const;
 };
 
 }  // namespace ptrain::model

@@ -248,18 +248,27 @@ ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int6
 }
 
 ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
-                                 bool has_head, bool sequence_parallel) {
-  const ActShape s = act_shape(d, c, B, T, sequence_parallel);
+                                 bool has_head, bool sequence_parallel, Recompute recompute) {
   ActivationSizes a;
-  a.per_layer = size_of<BlockActs>(s);
-  a.outside = size_of<InputActs>(s) + (has_head ? size_of<HeadActs>(s) : 0);
-  a.scratch = size_of<Scratch>(s);
-  if (d.n_expert > 0) {  // room for either kind of block in every layer slot
-    const ActShape m = act_shape(d, c, B, T, sequence_parallel, true);
-    a.per_layer = std::max(a.per_layer, size_of<BlockActs>(m));
-    a.scratch = std::max(a.scratch, size_of<Scratch>(m));
+  for (bool moe : {false, true}) {  // room for either kind of block in every layer slot
+    if (moe && d.n_expert == 0) break;
+    ActShape s = act_shape(d, c, B, T, sequence_parallel, moe);
+    s.recompute = recompute;
+    a.per_layer = std::max(a.per_layer, size_of<BlockActs>(with_part(s, ActShape::kept)));
+    a.scratch = std::max(a.scratch, size_of<Scratch>(s));
+    // one block's recomputed tensors, and for a rerun forward its tp partial sums (BT, C)
+    a.recompute = std::max(a.recompute, size_of<BlockActs>(with_part(s, ActShape::recomputed)) +
+                                            (recompute == Recompute::full ? s.BT * s.C : 0));
+    a.outside = size_of<InputActs>(s) + (has_head ? size_of<HeadActs>(s) : 0);
   }
   return a;
+}
+
+Recompute recompute_mode(const std::string& v) {
+  if (v == "selective") return Recompute::selective;
+  if (v == "full") return Recompute::full;
+  PTRAIN_REQUIRE(v == "none", "model: train%recompute = '", v, "'");
+  return Recompute::none;
 }
 
 }  // namespace ptrain::model

@@ -123,14 +123,23 @@ namespace ptrain::model {
 // the backward's scratch: totals of the lists in model/activations.hpp, which the stage
 // carves its buffers from. `--plan` prints them.
 struct ActivationSizes {
-  std::int64_t per_layer = 0;  // kept per block (BlockActs)
+  std::int64_t per_layer = 0;  // kept per block (BlockActs, less what recompute rebuilds)
   std::int64_t outside = 0;    // the stage input, and the head's (InputActs, HeadActs)
   std::int64_t scratch = 0;    // backward gradients of activations, reused across blocks
+  std::int64_t recompute = 0;  // one block's recomputed activations (workspace)
   std::int64_t kept(std::int64_t n_layers) const { return per_layer * n_layers + outside; }
 };
 // B samples of T local tokens (T = seq_len / cp).
+// train%recompute: what a block keeps for its backward. selective drops the LayerNorm
+// outputs, the attention output and the GELU output (cheap to recompute from what is kept);
+// full keeps only each block's output (the next block's input) and reruns the block's
+// forward in its backward.
+enum class Recompute { none, selective, full };
+Recompute recompute_mode(const std::string& deck_value);
+
 ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
-                                 bool has_head, bool sequence_parallel = false);
+                                 bool has_head, bool sequence_parallel = false,
+                                 Recompute recompute = Recompute::none);
 
 }  // namespace ptrain::model
 

@@ -1,5 +1,7 @@
 #include "model/stage.hpp"
 
+#include <vector>
+
 #include "kernels/kernels.hpp"
 #include "model/activations.hpp"
 #include "util/error.hpp"
@@ -31,6 +33,19 @@ struct Carver {
     return a;
   }
 };
+
+// The fields of `a` that its shape left empty, taken from `b` (carved with the
+// complementary part: describe visits both in the same order).
+template <template <class> class Acts, class V>
+void take_missing(Acts<V>& a, const ActShape& sa, Acts<V>& b, const ActShape& sb) {
+  std::vector<V*> from;
+  describe(b, sb, [&](V& field, std::int64_t) { from.push_back(&field); });
+  std::size_t i = 0;
+  describe(a, sa, [&](V& field, std::int64_t n) {
+    if (n == 0) field = *from[i];
+    ++i;
+  });
+}
 
 }  // namespace
 
@@ -80,6 +95,7 @@ Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
       S_(int(dims_.S / coord.C)),
       ep_(ep && ep->size() > 1 ? ep : nullptr),
       aux_scale_(double(config.train.micro_batch) / double(config.train.global_batch)),
+      recompute_(recompute_mode(config.train.recompute)),
       moe_stats_(std::size_t(layout.n_layers)) {
   PTRAIN_REQUIRE(coord.E == 1 || (ep && ep->size() == coord.E), "model: expert parallelism over ",
                  coord.E, " ranks needs their ep group");
@@ -99,7 +115,10 @@ Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
     own_store_ = std::make_unique<ResidentStore<T>>(layout_, layout_.numel);
     store_ = own_store_.get();
   }
-  sizes_ = activation_sizes(dims_, coord, micro_batch, S_, layout_.has_head, tp_.sp());
+  sizes_ = activation_sizes(dims_, coord, micro_batch, S_, layout_.has_head, tp_.sp(), recompute_);
+  if (sizes_.recompute > 0)
+    recomputed_ = TrackedView<T>(MemCategory::activations, "ptrain::recomputed_activations",
+                                 std::size_t(sizes_.recompute));
   const std::int64_t kept = sizes_.kept(layout_.n_layers);
   acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
                          std::size_t(kept * slots));
@@ -124,10 +143,17 @@ typename Stage<T>::Acts Stage<T>::carve(int slot, const Ctx& c) const {
   const ActShape shape = act_shape(dims_, coord_, c.B, c.S, tp_.sp());
   const K::Vec<T> all = slice(acts_.view(), s.offset, sizes_.kept(layout_.n_layers));
   Acts a;
-  for (int l = 0; l < layout_.n_layers; ++l)
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    ActShape s = act_shape(dims_, coord_, c.B, c.S, tp_.sp(), is_moe(l));
+    s.recompute = recompute_;
+    const ActShape kept = with_part(s, ActShape::kept), redone = with_part(s, ActShape::recomputed);
     a.blocks.push_back(Carver<T>{slice(all, sizes_.per_layer * l, sizes_.per_layer)}
-                           .template take<BlockActs>(
-                               act_shape(dims_, coord_, c.B, c.S, tp_.sp(), is_moe(l))));
+                           .template take<BlockActs>(kept));
+    if (recompute_ == Recompute::none) continue;
+    // Every block's recomputed tensors share one workspace: used by one block at a time.
+    auto work = Carver<T>{recomputed_.view()}.template take<BlockActs>(redone);
+    take_missing(a.blocks.back(), kept, work, redone);
+  }
   Carver<T> outside{slice(all, sizes_.per_layer * layout_.n_layers, sizes_.outside)};
   a.in = outside.template take<InputActs>(shape);
   if (layout_.has_head) a.head = outside.template take<HeadActs>(shape);
@@ -291,6 +317,7 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
     const int unit = u_block0_ + l;
     Block<T> b = block(unit, store_->params(unit, Phase::backward), store_->grads(unit));
     if (is_moe(l)) b.routing = &slots_[std::size_t(slot)].routing[std::size_t(l)];
+    b.recompute(c, block_input(l), a.blocks[std::size_t(l)], recompute_, rerun_partial(c));
     b.backward(c, block_input(l), a.blocks[std::size_t(l)], b.routing ? g_moe : g);
     store_->release_params(unit);
     store_->grads_done(unit);
@@ -299,6 +326,15 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
   embedding(emb, demb).backward(c, a.tokens, g.dres, g.dfull);
   store_->release_params(u_emb_);
   store_->grads_done(u_emb_);
+}
+
+// The tp partial sums of a forward rerun in the backward (full recomputation): the end of
+// the recompute workspace, past the block's tensors (the backward's scratch is in use).
+template <class T>
+K::Vec<T> Stage<T>::rerun_partial(const Ctx& c) const {
+  if (recompute_ != Recompute::full) return K::Vec<T>();
+  const std::int64_t n = c.BT * dims_.C;
+  return slice(recomputed_.view(), sizes_.recompute - n, n);
 }
 
 template <class T>

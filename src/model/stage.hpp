@@ -133,6 +133,7 @@ class Stage {
   Block<T> block(int unit, const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
   void set_moe(Block<T>& b, int unit, const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
   void count_moe(int l, const Routing& r);
+  kernels::Vec<T> rerun_partial(const Ctx& c) const;
   Embedding<T> embedding(const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
   Head<T> head(const kernels::Vec<T>& w, const kernels::Vec<T>& g, const kernels::Vec<T>& wte,
                const kernels::Vec<T>& dwte) const;
@@ -149,6 +150,7 @@ class Stage {
   TensorParallel tp_;
   ContextParallel cp_;  // this rank's share of each sequence
   Comm* ep_ = nullptr;  // expert parallelism (MoE blocks)
+  Recompute recompute_ = Recompute::none;
   double aux_scale_ = 1;  // d(objective)/d(a micro-batch's aux loss)
   std::vector<MoeStats> moe_stats_;
   int S_ = 0;           // positions per sample here: seq_len / C
@@ -156,6 +158,7 @@ class Stage {
   ParamStore<T>* store_ = nullptr;
   std::vector<Slot> slots_;
   TrackedView<T> acts_, scratch_;  // every slot's activations; the backward's scratch
+  TrackedView<T> recomputed_;      // one block's recomputed activations (train%recompute)
 };
 
 }  // namespace ptrain::model

@@ -58,7 +58,6 @@ void check_supported(const Config& c, int world_size) {
                 "-DPTRAIN_ENABLE_CUDA=ON)",
                 kExitInput);
 #endif
-  no(c.train.recompute != "none", "train%recompute other than 'none'");
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");
   no(c.model.dtype == "bf16", "model%dtype = 'bf16' (mixed precision comes with the CUDA backend)");
 }
