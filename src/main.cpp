@@ -239,7 +239,14 @@ int train(const Config& config, const Grid& grid, bool bench) {
                 "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
                 " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
                 " of peak (steps after the first)"));
-  log::info(cat("memory: peak ", format_bytes(double(memory::stats().total_peak)), " on rank 0"));
+  {
+    const MemoryStats m = memory::stats();
+    std::string parts;
+    for (int c = 0; c < int(MemCategory::count); ++c)
+      parts += cat(c ? ", " : "", to_string(MemCategory(c)), " ", format_bytes(double(m.peak[std::size_t(c)])));
+    log::info(cat("memory: peak ", format_bytes(double(m.total_peak)), " on rank 0 (by category, each at its own peak: ",
+                  parts, ")"));
+  }
   if (bench)
     log::info(
         parallel::bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
