@@ -25,6 +25,21 @@ out=$("$PTRAIN" --plan "$deck" --world 4 --set parallel%cp=4 --set parallel%cp_l
 grep -qF "context parallel: contiguous over 4 ranks, 256 of 1024 positions each (chunk c of 4); ring per layer and micro-batch 60.00 MiB sent (forward 18.00 MiB, backward 42.00 MiB)" <<<"$out" \
   || fail "contiguous cp line: $out"
 
+# Mixture of experts (input/moe-tiny.nml at ep = 2): experts per ep rank, capacity, the experts'
+# memory on a rank, the all-to-all per MoE layer and micro-batch under uniform routing (rows
+# out and back, forward and backward: 4 x 2*8*64 rows x 64 floats x 1/2 leaving, + 16 B of
+# counts) and per step; at ep = 1 none; a dense deck has no such line.
+moe="$PTRAIN_SOURCE_DIR/input/moe-tiny.nml"
+out=$("$PTRAIN" --plan "$moe" --world 2 --ranks-per-node 2 --set parallel%ep=2)
+grep -qF "mixture of experts: 8 experts (4 per ep rank), top 2, capacity 1.25 (ceil(1.25*2*N/8) slots per expert for a micro-batch of N tokens: 160 at N = 512), 2 of 2 blocks (moe_every = 1); expert parameters 132,608 per rank: 518.00 KiB, grads 518.00 KiB, optimizer 1.01 MiB; all-to-all per MoE layer and micro-batch 512.02 KiB (forward 256.02 KiB: counts 16 B + rows out and back 2 x 128.00 KiB; backward 256.00 KiB), 1.00 MiB per step (1 micro-batch(es) x 2 MoE layers on rank 0)" <<<"$out" \
+  || fail "MoE line: $out"
+grep -qE "^  ep +1.00 MiB +m\*L_moe" <<<"$out" || fail "ep traffic row: $out"
+out=$("$PTRAIN" --plan "$moe" --world 1 --set model%capacity_factor=0)
+grep -qF "8 experts (8 per ep rank), top 2, dropless (capacity_factor = 0), 2 of 2 blocks (moe_every = 1); expert parameters 265,216 per rank: 1.01 MiB" <<<"$out" \
+  || fail "one-rank MoE line: $out"
+grep -qF "no all-to-all (ep = 1: every expert on every rank)" <<<"$out" || fail "ep = 1 all-to-all: $out"
+if "$PTRAIN" --plan "$deck" --world 1 | grep -q "mixture of experts"; then fail "MoE line for a dense deck"; fi
+
 # A tp group wider than a node: a warning, an error with strict_topology.
 "$PTRAIN" --plan "$deck" --world 16 --ranks-per-node 2 --set parallel%tp=4 --set train%micro_batch=2 2>"$tmp/err" >/dev/null
 grep -q "warning: .*tp" "$tmp/err" || fail "no topology warning: $(cat "$tmp/err")"

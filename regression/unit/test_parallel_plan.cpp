@@ -2,6 +2,8 @@
 // Plan figures for known models: the GPT-2 124M count and ZeRO memory ratios.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "deck/deck.hpp"
 #include "parallel/plan.hpp"
 #include "util/memory.hpp"
@@ -173,4 +175,174 @@ TEST(Plan, ContextParallelCutsActivationsAndAddsTheRingWorkspace) {
     const auto act = model::activation_sizes(model::dims_of(c), sc, 2, 32 / cp, true);
     EXPECT_DOUBLE_EQ(m.bytes[kW], double(act.scratch) * 4 + parallel::estimate_ring(c).workspace);
   }
+}
+
+namespace {
+// 2 MoE blocks of width 64 (4 heads, F = 256), 4 experts, top 2, 32 positions, micro-batches
+// of 2, global batch 4, fp32; `extra` adds keys or replaces these.
+Config small_moe(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> o = {"model%n_layer=2", "model%d_model=64",    "model%n_head=4",
+                                "model%vocab=64",  "model%seq_len=32",    "model%n_expert=4",
+                                "model%top_k=2",   "train%micro_batch=2", "train%global_batch=4"};
+  for (const auto& e : extra) {
+    const auto key = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
+    auto it =
+        std::find_if(o.begin(), o.end(), [&](const std::string& kv) { return key(kv) == key(e); });
+    if (it != o.end())
+      *it = e;
+    else
+      o.push_back(e);
+  }
+  return deck::parse_text("", "<test>", o);
+}
+double group_bytes(const Config& c, GroupKind g, const model::ShardCoord& sc = {}) {
+  for (const auto& e : parallel::estimate_comm(c, sc))
+    if (e.group == g) return e.bytes_per_step;
+  return -1;  // no estimate for the group
+}
+model::ShardCoord coord(int T, int C, int E) {
+  model::ShardCoord sc;
+  sc.T = T, sc.C = C, sc.E = E;
+  return sc;
+}
+}  // namespace
+
+TEST(Plan, ExpertParallelAllToAllIsExact) {
+  // ep = 2, one micro-batch of 2 x 32 tokens per rank: each rank sends k*B*S = 128 rows of
+  // 64 floats, half of them to the other rank (16 KiB), out and back, forward and backward;
+  // the forward's counts are El = 2 int32 for the one peer.
+  Config c = small_moe({"parallel%ep=2"});
+  deck::validate(c, 2);
+  const auto x = parallel::estimate_experts(c);
+  EXPECT_EQ(x.tokens, 64);
+  EXPECT_EQ(x.capacity, 40);  // ceil(1.25 * 2 * 64 / 4)
+  EXPECT_DOUBLE_EQ(x.counts, 8);
+  EXPECT_DOUBLE_EQ(x.rows, 2.0 * 2 * 32 * 64 * 4 / 2);
+  EXPECT_DOUBLE_EQ(x.forward, 8 + 2 * 16384.0);
+  EXPECT_DOUBLE_EQ(x.backward, 2 * 16384.0);
+  EXPECT_DOUBLE_EQ(group_bytes(c, GroupKind::ep, coord(1, 1, 2)), 1 * 2 * (8 + 4 * 16384.0));
+  // ep = 4 (global batch 8: one micro-batch each): 3/4 of the rows leave, 3 peers x 1 count.
+  Config c4 = small_moe({"parallel%ep=4", "train%global_batch=8"});
+  deck::validate(c4, 4);
+  const auto x4 = parallel::estimate_experts(c4);
+  EXPECT_DOUBLE_EQ(x4.counts, 12);
+  EXPECT_DOUBLE_EQ(x4.rows, 2.0 * 2 * 32 * 64 * 4 * 3 / 4);
+  EXPECT_DOUBLE_EQ(x4.per_layer(), 12 + 4 * 24576.0);
+  // With cp = 2 a rank routes its 16 positions of each sample; capacity is over the whole
+  // micro-batch. moe_every = 2: one MoE block of two.
+  Config cc =
+      small_moe({"parallel%ep=2", "parallel%cp=2", "model%moe_every=2", "model%capacity_factor=0"});
+  deck::validate(cc, 4);
+  const auto xc = parallel::estimate_experts(cc);
+  EXPECT_EQ(xc.tokens, 64);
+  EXPECT_EQ(xc.capacity, 0);  // dropless
+  EXPECT_DOUBLE_EQ(xc.rows, 2.0 * 2 * 16 * 64 * 4 / 2);
+  EXPECT_DOUBLE_EQ(group_bytes(cc, GroupKind::ep, coord(1, 2, 2)), 1 * 1 * (8 + 4 * 8192.0));
+  // No expert parallelism, no all-to-all; no experts, no estimate at all.
+  Config c1 = small_moe();
+  deck::validate(c1, 1);
+  EXPECT_DOUBLE_EQ(parallel::estimate_experts(c1).per_layer(), 0);
+  EXPECT_EQ(parallel::estimate_experts(c1).capacity, 40);
+  EXPECT_DOUBLE_EQ(group_bytes(c1, GroupKind::ep), 0);
+  EXPECT_EQ(parallel::estimate_experts(small_cp(1, "zigzag")).capacity, 0);
+}
+
+TEST(Plan, ExpertMemoryAndGradientGroups) {
+  // Per expert 2*F*C + F + C = 33,088 elements; 2 per rank at ep = 2, in 2 layers.
+  Config c = small_moe({"parallel%ep=2"});
+  deck::validate(c, 2);
+  const auto m = parallel::estimate_memory(c, coord(1, 1, 2));
+  EXPECT_EQ(m.expert_params, 2 * 2 * 33088);
+  EXPECT_DOUBLE_EQ(m.expert_param_bytes, 4.0 * 132352);
+  EXPECT_DOUBLE_EQ(m.expert_grad_bytes, 4.0 * 132352);
+  EXPECT_DOUBLE_EQ(m.expert_optimizer_bytes, 8.0 * 132352);  // AdamW's two moments
+  // tp = 2 halves each expert's hidden width; the proj bias stays whole.
+  Config t = small_moe({"parallel%ep=2", "parallel%tp=2"});
+  deck::validate(t, 4);
+  EXPECT_EQ(parallel::estimate_memory(t, coord(2, 1, 2)).expert_params,
+            2 * 2 * (2 * 128 * 64 + 128 + 64));
+  // ep = 2: dense gradients over dense-grad (2 ranks), experts over expert-grad (1 rank).
+  EXPECT_DOUBLE_EQ(group_bytes(c, GroupKind::dense_grad, coord(1, 1, 2)),
+                   2 * 0.5 * 4.0 * double(m.dense_params));
+  EXPECT_DOUBLE_EQ(group_bytes(c, GroupKind::expert_grad, coord(1, 1, 2)), 0);
+  // ep = 1: one group takes every gradient, experts included (data_parallel.hpp).
+  Config d = small_moe({"parallel%cp=2"});
+  deck::validate(d, 2);
+  const auto md = parallel::estimate_memory(d, coord(1, 2, 1));
+  EXPECT_DOUBLE_EQ(group_bytes(d, GroupKind::dense_grad, coord(1, 2, 1)),
+                   2 * 0.5 * 4.0 * double(md.local_params));
+  EXPECT_DOUBLE_EQ(group_bytes(d, GroupKind::expert_grad, coord(1, 2, 1)), -1);
+  // ZeRO 1 at ep = 1 over 2 data-parallel ranks: the moments are sharded, experts' too.
+  Config z = small_moe({"parallel%zero=1"});
+  deck::validate(z, 2);
+  const auto mz = parallel::estimate_memory(z, {});
+  EXPECT_DOUBLE_EQ(mz.expert_optimizer_bytes, 8.0 * double(mz.expert_params) / 2);
+  EXPECT_DOUBLE_EQ(mz.expert_grad_bytes, 4.0 * double(mz.expert_params));
+}
+
+TEST(Plan, MoeRoutingTrafficOnTensorAndContextGroups) {
+  // tp = 2: a MoE layer also sums its gates' gradient (b*s*k floats) over tp:
+  // m = 2 micro-batches x 2 layers x 2(T-1)/T x 2*32*2*4 B.
+  Config t = small_moe({"parallel%tp=2"}), t0 = small_moe({"parallel%tp=2", "model%n_expert=0"});
+  deck::validate(t, 2), deck::validate(t0, 2);
+  EXPECT_DOUBLE_EQ(group_bytes(t, GroupKind::tp, coord(2, 1, 1)) -
+                       group_bytes(t0, GroupKind::tp, coord(2, 1, 1)),
+                   2 * 2 * 1.0 * 2 * 32 * 2 * 4);
+  // cp = 2: the forward gathers the group's choices ((C-1) * 2*16*2 int32) and sums E = 4
+  // mean probabilities (2(C-1)/C * 4 doubles), per MoE layer and micro-batch.
+  Config c = small_moe({"parallel%cp=2"}), c0 = small_moe({"parallel%cp=2", "model%n_expert=0"});
+  deck::validate(c, 2), deck::validate(c0, 2);
+  EXPECT_DOUBLE_EQ(group_bytes(c, GroupKind::cp, coord(1, 2, 1)) -
+                       group_bytes(c0, GroupKind::cp, coord(1, 2, 1)),
+                   2 * 2 * (2 * 16 * 2 * 4.0 + 4 * 8.0));
+}
+
+TEST(Plan, RecomputationRerunsForwardCollectivesAndShrinksActivations) {
+  const auto act = [](const Config& c, const model::ShardCoord& sc) {
+    return parallel::estimate_memory(c, sc).bytes[kA];
+  };
+  for (const std::string mode : {"selective", "full"}) {
+    SCOPED_TRACE(mode);
+    const std::string r = "train%recompute='" + mode + "'";
+    // Activations: what blocks keep (2 micro-batches' worth of slots: 1 without a pipeline)
+    // and one block's recomputed tensors, from model::activation_sizes.
+    Config c = small_moe({r}), none = small_moe();
+    deck::validate(c, 1), deck::validate(none, 1);
+    const auto a = model::activation_sizes(model::dims_of(c), {}, 2, 32, true, false,
+                                           model::recompute_mode(mode));
+    EXPECT_DOUBLE_EQ(act(c, {}), 4.0 * double(a.kept(2) + a.recompute));
+    EXPECT_NE(act(c, {}), act(none, {}));
+    Config dense = small_moe({r, "model%n_expert=0"}), dense0 = small_moe({"model%n_expert=0"});
+    deck::validate(dense, 1), deck::validate(dense0, 1);
+    EXPECT_LT(act(dense, {}), act(dense0, {}));
+    const bool full = mode == "full";
+    // tp = 2 with SP (one (b, s, h) activation is 2*32*64*4 = 16 KiB; m = 2, L = 2): full
+    // reruns each block's 2 reduce-scatter/all-gather pairs, selective its 2 LayerNorm
+    // all-gathers.
+    Config t = small_moe({r, "parallel%tp=2", "parallel%sequence_parallel=.true."}),
+           t0 = small_moe({"parallel%tp=2", "parallel%sequence_parallel=.true."});
+    deck::validate(t, 2), deck::validate(t0, 2);
+    EXPECT_DOUBLE_EQ(group_bytes(t, GroupKind::tp, coord(2, 1, 1)) -
+                         group_bytes(t0, GroupKind::tp, coord(2, 1, 1)),
+                     2 * 2 * (full ? 2.0 : 1.0) * 16384);
+    // cp = 2: each attention's forward ring again (one 16 KiB K/V block: 2 x 2*16*64*4 B);
+    // full also the routing.
+    Config c2 = small_moe({r, "parallel%cp=2"}), c20 = small_moe({"parallel%cp=2"});
+    deck::validate(c2, 2), deck::validate(c20, 2);
+    EXPECT_DOUBLE_EQ(group_bytes(c2, GroupKind::cp, coord(1, 2, 1)) -
+                         group_bytes(c20, GroupKind::cp, coord(1, 2, 1)),
+                     2 * 2 * (16384 + (full ? 2 * 16 * 2 * 4.0 + 4 * 8.0 : 0.0)));
+    // ep = 2: full routes again (the forward's counts and rows out and back).
+    Config e = small_moe({r, "parallel%ep=2"}), e0 = small_moe({"parallel%ep=2"});
+    deck::validate(e, 2), deck::validate(e0, 2);
+    EXPECT_DOUBLE_EQ(group_bytes(e, GroupKind::ep, coord(1, 1, 2)) -
+                         group_bytes(e0, GroupKind::ep, coord(1, 1, 2)),
+                     full ? 2 * (8 + 2 * 16384.0) : 0.0);
+  }
+  // Without SP, selective recomputation sends nothing more over tp.
+  Config t = small_moe({"train%recompute='selective'", "parallel%tp=2"}),
+         t0 = small_moe({"parallel%tp=2"});
+  deck::validate(t, 2), deck::validate(t0, 2);
+  EXPECT_DOUBLE_EQ(group_bytes(t, GroupKind::tp, coord(2, 1, 1)),
+                   group_bytes(t0, GroupKind::tp, coord(2, 1, 1)));
 }

@@ -5,6 +5,7 @@
 // checks they are long enough.
 #pragma once
 #include <Kokkos_Core.hpp>
+#include <cstdint>
 
 namespace ptrain::kernels {
 
@@ -28,5 +29,11 @@ using CVec = typename detail::NonDeduced<Kokkos::View<const T*>>::type;
 
 // Token ids / targets / positions.
 using IntVec = Kokkos::View<const int*>;
+
+// Elements [offset, offset + n) of v: a tensor inside a flat buffer.
+template <class T>
+Kokkos::View<T*> slice(const Kokkos::View<T*>& v, std::int64_t offset, std::int64_t n) {
+  return Kokkos::subview(v, Kokkos::make_pair(offset, offset + n));
+}
 
 }  // namespace ptrain::kernels

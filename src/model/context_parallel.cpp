@@ -32,10 +32,7 @@ namespace {
 // Message tags on the cp group: K/V blocks, and the dK/dV accumulators of the backward.
 constexpr int kTagKV = 0, kTagDKV = 1;
 
-template <class T>
-K::Vec<T> slice(const K::Vec<T>& v, std::int64_t offset, std::int64_t n) {
-  return Kokkos::subview(v, Kokkos::make_pair(offset, offset + n));
-}
+using kernels::slice;
 
 // The heads of piece p in rows (B, L, ld) of buf, from column col: the kernel's view of one
 // sequence chunk of every sample.

@@ -17,10 +17,7 @@ std::uint64_t name_stream(const std::string& name) {
   return h;
 }
 
-template <class T>
-K::Vec<T> slice(const K::Vec<T>& v, std::int64_t offset, std::int64_t n) {
-  return Kokkos::subview(v, Kokkos::make_pair(offset, offset + n));
-}
+using kernels::slice;
 
 }  // namespace
 

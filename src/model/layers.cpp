@@ -11,10 +11,7 @@ namespace K = kernels;
 
 namespace {
 
-template <class T>
-Vec<T> slice(const Vec<T>& v, std::int64_t offset, std::int64_t n) {
-  return Kokkos::subview(v, Kokkos::make_pair(offset, offset + n));
-}
+using kernels::slice;
 
 // d(output) rows (R, n) of every token: gathered into `full` (BT, n) under SP, else as given.
 template <class T>

@@ -16,10 +16,7 @@ namespace K = kernels;
 
 namespace {
 
-template <class T>
-K::Vec<T> slice(const K::Vec<T>& v, std::int64_t offset, std::int64_t n) {
-  return Kokkos::subview(v, Kokkos::make_pair(offset, offset + n));
-}
+using kernels::slice;
 
 template <class T>
 std::vector<double> to_host(const K::Vec<T>& v, std::int64_t n) {
@@ -58,12 +55,6 @@ std::vector<int> per_rank(const std::vector<int>& counts, int El, int width) {
   std::vector<int> out(counts.size() / std::size_t(El), 0);
   for (std::size_t i = 0; i < counts.size(); ++i) out[i / std::size_t(El)] += counts[i] * width;
   return out;
-}
-
-int sum(const std::vector<int>& v) {
-  int n = 0;
-  for (int x : v) n += x;
-  return n;
 }
 
 // Every token's choices of the micro-batch in its token order (sample, position), and which
@@ -186,14 +177,8 @@ void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Ve
   profile::region("moe-dispatch", [&] {
     K::combine_rows<T>(xs, x, r.send_token_dev, K::CVec<T>(), sent, 1, C, false);
   });
-  if (ep_size > 1)
-    ep->all_to_allv(xs.data(), per_rank(r.send_counts, El, C), a.xr.data(),
-                    per_rank(r.recv_counts, El, C))
-        .wait();
-  std::int64_t at = 0;
-  for (std::size_t seg = 0; seg < r.recv_counts.size(); ++seg) {
-    const int l = int(seg) % El, n = r.recv_counts[seg];
-    if (n == 0) continue;
+  exchange(r, xs, a.xr, true);
+  for_each_segment(r, [&](int l, std::int64_t at, int n) {
     profile::region("matmul", [&] {
       K::matmul_forward<T>(slice(a.fch, at * Fl, std::int64_t(n) * Fl), slice(a.xr, at * C, std::int64_t(n) * C),
                            slice(fc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C),
@@ -208,12 +193,8 @@ void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Ve
                            slice(proj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl),
                            c.tp->rank() == 0 ? slice(proj_b, std::int64_t(l) * C, C) : K::Vec<T>(), n, Fl, C);
     });
-    at += n;
-  }
-  if (ep_size > 1)
-    ep->all_to_allv(a.yr.data(), per_rank(r.recv_counts, El, C), ys.data(),
-                    per_rank(r.send_counts, El, C))
-        .wait();
+  });
+  exchange(r, a.yr, ys, false);
   const K::Vec<T> out = c.tp->sp() ? partial : y;
   profile::region("moe-combine", [&] {
     K::combine_rows<T>(out, ys, r.rows_dev, a.gates, BT, k, C, false);
@@ -240,14 +221,8 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
     K::combine_rows<T>(dys, dY, r.send_token_dev, a.send_gates, sent, 1, C, false);
   });
   c.tp->sum(slice(g.dgates, 0, std::int64_t(BT) * k));
-  if (ep_size > 1)
-    ep->all_to_allv(dys.data(), per_rank(r.send_counts, El, C), g.dyr.data(),
-                    per_rank(r.recv_counts, El, C))
-        .wait();
-  std::int64_t at = 0;
-  for (std::size_t seg = 0; seg < r.recv_counts.size(); ++seg) {
-    const int l = int(seg) % El, n = r.recv_counts[seg];
-    if (n == 0) continue;
+  exchange(r, dys, g.dyr, true);
+  for_each_segment(r, [&](int l, std::int64_t at, int n) {
     const auto rowsC = [&](const K::Vec<T>& v) { return slice(v, at * C, std::int64_t(n) * C); };
     const auto rowsF = [&](const K::Vec<T>& v) { return slice(v, at * Fl, std::int64_t(n) * Fl); };
     profile::region("zero-fill", [&] {
@@ -268,12 +243,8 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
                             slice(dfc_b, std::int64_t(l) * Fl, Fl), rowsF(g.dpre), rowsC(a.xr),
                             slice(fc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C), n, C, Fl);
     });
-    at += n;
-  }
-  if (ep_size > 1)
-    ep->all_to_allv(g.dxr.data(), per_rank(r.recv_counts, El, C), dxs.data(),
-                    per_rank(r.send_counts, El, C))
-        .wait();
+  });
+  exchange(r, g.dxr, dxs, false);
   profile::region("moe-combine", [&] {
     K::combine_rows<T>(dx, dxs, r.rows_dev, K::CVec<T>(), BT, k, C, false);
   });
@@ -305,6 +276,28 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
   const K::Vec<T> mine = c.tp->sp() ? rows : dx;
   c.tp->sum_to_rows(dx, mine);
   return mine;
+}
+
+// Rows between send order (this rank's tokens, by destination) and receive order (the
+// experts' inputs here, by source): all-to-allv over ep; nothing to move without ep.
+template <class T>
+void MoE<T>::exchange(const Routing& r, K::Vec<T> from, K::Vec<T> to, bool to_experts) const {
+  if (!ep || ep->size() == 1) return;
+  const std::vector<int> sent = per_rank(r.send_counts, El, C), got = per_rank(r.recv_counts, El, C);
+  ep->all_to_allv(from.data(), to_experts ? sent : got, to.data(), to_experts ? got : sent).wait();
+}
+
+// f(local expert, first row, rows) for each non-empty (source rank, local expert) block of
+// the receive order.
+template <class T>
+template <class F>
+void MoE<T>::for_each_segment(const Routing& r, F&& f) const {
+  std::int64_t at = 0;
+  for (std::size_t seg = 0; seg < r.recv_counts.size(); ++seg) {
+    const int n = r.recv_counts[seg];
+    if (n > 0) f(int(seg) % El, at, n);
+    at += n;
+  }
 }
 
 template struct MoE<float>;

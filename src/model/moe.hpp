@@ -59,6 +59,11 @@ struct MoE {
   kernels::Vec<T> backward(const Ctx& c, kernels::CVec<T> x, const Acts& a, const Routing& r,
                            kernels::Vec<T> dy, const Grads& g, kernels::Vec<T> full,
                            kernels::Vec<T> dx, kernels::Vec<T> rows) const;
+
+ private:
+  void exchange(const Routing& r, kernels::Vec<T> from, kernels::Vec<T> to, bool to_experts) const;
+  template <class F>
+  void for_each_segment(const Routing& r, F&& f) const;
 };
 
 }  // namespace ptrain::model

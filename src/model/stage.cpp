@@ -13,10 +13,7 @@ namespace K = kernels;
 
 namespace {
 
-template <class T>
-K::Vec<T> slice(const K::Vec<T>& v, std::int64_t offset, std::int64_t n) {
-  return Kokkos::subview(v, Kokkos::make_pair(offset, offset + n));
-}
+using kernels::slice;
 
 // Carves the tensors of one description (model/activations.hpp) out of a buffer, in order.
 template <class T>
@@ -144,9 +141,10 @@ typename Stage<T>::Acts Stage<T>::carve(int slot, const Ctx& c) const {
   const K::Vec<T> all = slice(acts_.view(), s.offset, sizes_.kept(layout_.n_layers));
   Acts a;
   for (int l = 0; l < layout_.n_layers; ++l) {
-    ActShape s = act_shape(dims_, coord_, c.B, c.S, tp_.sp(), is_moe(l));
-    s.recompute = recompute_;
-    const ActShape kept = with_part(s, ActShape::kept), redone = with_part(s, ActShape::recomputed);
+    ActShape block_shape = act_shape(dims_, coord_, c.B, c.S, tp_.sp(), is_moe(l));
+    block_shape.recompute = recompute_;
+    const ActShape kept = with_part(block_shape, ActShape::kept),
+                   redone = with_part(block_shape, ActShape::recomputed);
     a.blocks.push_back(Carver<T>{slice(all, sizes_.per_layer * l, sizes_.per_layer)}
                            .template take<BlockActs>(kept));
     if (recompute_ == Recompute::none) continue;

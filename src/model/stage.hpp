@@ -149,11 +149,11 @@ class Stage {
   ActivationSizes sizes_;                         // per slot, at capacity
   TensorParallel tp_;
   ContextParallel cp_;  // this rank's share of each sequence
-  Comm* ep_ = nullptr;  // expert parallelism (MoE blocks)
-  Recompute recompute_ = Recompute::none;
-  double aux_scale_ = 1;  // d(objective)/d(a micro-batch's aux loss)
-  std::vector<MoeStats> moe_stats_;
   int S_ = 0;           // positions per sample here: seq_len / C
+  Comm* ep_ = nullptr;  // expert parallelism (MoE blocks)
+  double aux_scale_ = 1;  // d(objective)/d(a micro-batch's aux loss)
+  Recompute recompute_ = Recompute::none;
+  std::vector<MoeStats> moe_stats_;
   std::unique_ptr<ResidentStore<T>> own_store_;
   ParamStore<T>* store_ = nullptr;
   std::vector<Slot> slots_;

@@ -1,6 +1,7 @@
 #include "parallel/plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "parallel/data_parallel.hpp"
@@ -81,6 +82,27 @@ RingEstimate estimate_ring(const Config& config) {
   return r;
 }
 
+ExpertEstimate estimate_experts(const Config& config) {
+  ExpertEstimate x;
+  const auto& par = config.parallel;
+  const model::Dims d = model::dims_of(config);
+  if (d.n_expert == 0) return x;
+  // As model/moe.cpp sizes it: capacity_factor * k * N / E, rounded up.
+  x.tokens = config.train.micro_batch * d.S;
+  const double cf = config.model.capacity_factor;
+  if (cf > 0)
+    x.capacity = std::int64_t(
+        std::ceil(cf * double(d.top_k) * double(x.tokens) / double(d.n_expert) - 1e-9));
+  if (par.ep <= 1) return x;
+  const double ep = double(par.ep), w = double(dtype_bytes(config));
+  x.counts = (ep - 1) * double(d.n_expert / par.ep) * double(sizeof(std::int32_t));
+  x.rows = double(d.top_k) * double(config.train.micro_batch) * double(d.S / par.cp) * double(d.C) *
+           w * (ep - 1) / ep;
+  x.forward = x.counts + 2 * x.rows;
+  x.backward = 2 * x.rows;
+  return x;
+}
+
 MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord) {
   MemoryEstimate est;
   const auto chunks = model::build_layout(config, coord);
@@ -103,17 +125,30 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
         double(z.optimizer_range) * (state_w * moments + (mixed ? 4.0 : 0.0));
     est.bytes[idx(MemCategory::comm)] += double(z.comm) * w;
   }
+  // The experts' part of it: every expert element has its parameter, gradient and optimizer
+  // state here, or (ZeRO) its share of the dense-grad group's shards.
+  const int zero = int(config.parallel.zero);
+  const double D = double(dense_grad_size(config)), experts = double(est.expert_params);
+  est.expert_param_bytes = experts * w / (zero >= 3 ? D : 1.0);
+  est.expert_grad_bytes = experts * w / (zero >= 2 ? D : 1.0);
+  est.expert_optimizer_bytes =
+      experts * (state_w * moments + (mixed ? 4.0 : 0.0)) / (zero >= 1 ? D : 1.0);
 
   const model::Dims d = model::dims_of(config);
   const std::int64_t T = d.S / config.parallel.cp;
   // Each chunk keeps as many micro-batches as its rank's schedule has in flight (GPipe all
   // m, 1F1B p - rank, ...): the slots the trainer allocates, from the same checker.
   const auto in_flight = schedule_in_flight(config, coord.p);
+  // train%recompute: blocks keep less, and one block's recomputed tensors share a workspace
+  // the stage charges to activations (model/stage.cpp).
+  const model::Recompute recompute = model::recompute_mode(config.train.recompute);
   for (const auto& ch : chunks) {  // each stage carves its slots and its own scratch
-    const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
-                                             config.parallel.sequence_parallel && coord.T > 1);
+    const auto act =
+        model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
+                                config.parallel.sequence_parallel && coord.T > 1, recompute);
     est.bytes[idx(MemCategory::activations)] +=
-        double(act.kept(ch.n_layers)) * double(in_flight[std::size_t(ch.chunk)]) * w;
+        double(act.kept(ch.n_layers)) * double(in_flight[std::size_t(ch.chunk)]) * w +
+        double(act.recompute) * w;
     est.bytes[idx(MemCategory::workspace)] += double(act.scratch) * w;
   }
   // Ring attention's backward buffers, held during one block's attention at a time.
@@ -148,7 +183,8 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
   return f;
 }
 
-// Data parallel: gradients of the dense parameters over d,e,c; experts over d,c. As
+// Data parallel: gradients of the dense parameters over d,e,c; with ep > 1 experts over d,c
+// (at ep = 1 the two groups are the same ranks, and one reduction takes both). As
 // parallel/data_parallel.hpp does it: ZeRO 2/3 reduce-scatter after every micro-batch,
 // ZeRO 3 gathers every unit for its forward and its backward (the embedding, which the
 // tied head shares, once per step).
@@ -171,13 +207,84 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
   const char* dp_formula[] = {"2(D-1)/D*S all-reduce", "2(D-1)/D*S + (D-1)/D*S all-gather",
                               "m*(D-1)/D*S reduce-scatter + (D-1)/D*S all-gather",
                               "m*(D-1)/D*S reduce-scatter + (D-1)/D*(2m(S-E)+E) all-gathers"};
-  out.push_back({GroupKind::dense_grad,
-                 dp_volume(double(mem.dense_params) * w, double(dense_grad_size(config))),
-                 dp_formula[zero]});
-  if (mem.expert_params > 0)
+  const bool split = config.parallel.ep > 1;
+  const double dense = double(split ? mem.dense_params : mem.local_params) * w;
+  out.push_back(
+      {GroupKind::dense_grad, dp_volume(dense, double(dense_grad_size(config))), dp_formula[zero]});
+  if (split && mem.expert_params > 0)
     out.push_back({GroupKind::expert_grad,
                    dp_volume(double(mem.expert_params) * w, double(expert_grad_size(config))),
                    dp_formula[zero]});
+}
+
+// The per-micro-batch sizes the group formulas share, for one rank's chunks.
+struct StepFacts {
+  ShardFacts f;
+  double m = 0, B = 0, Tl = 0, w = 0;  // micro-batches per step, samples, local positions, bytes
+  double act = 0;                      // one (B, T, C) activation, bytes
+  double k = 0;                        // experts per token
+  model::Recompute recompute = model::Recompute::none;
+  bool full() const { return recompute == model::Recompute::full; }
+  bool selective() const { return recompute == model::Recompute::selective; }
+};
+
+// Tensor parallel, per micro-batch, as the layers do it (model/layers.hpp): 2 all-reduces of
+// (b, s, h) per block each way, one for the embedding (forward) and one for the head
+// (backward); the loss's row max and (sum-exp, target logit); with sequence parallelism each
+// all-reduce is a reduce-scatter + all-gather of the same volume, and every LayerNorm's
+// parameter gradients (2h) are summed over tp. A MoE layer has the dense MLP's collectives
+// and sums its gates' gradient (b*s*k) over tp. Recomputation reruns forward collectives in
+// the backward: full, each block's two; selective under SP, its LayerNorm outputs' two
+// all-gathers.
+CommEstimate tensor_parallel(const Config& config, const StepFacts& s) {
+  const auto& par = config.parallel;
+  const double T = double(par.tp), L = double(s.f.layers),
+               d_model = double(model::dims_of(config).C);
+  const double n_ar = 4.0 * L + (s.f.first ? 1.0 : 0.0) + (s.f.last ? 1.0 : 0.0);
+  double tp = s.m * n_ar * 2 * ring(T) * s.act;
+  if (s.f.last) tp += s.m * 3.0 * 2 * ring(T) * s.B * s.Tl * s.w;
+  if (par.sequence_parallel)
+    tp += s.m * (2.0 * L + (s.f.last ? 1.0 : 0.0)) * 2 * ring(T) * 2.0 * d_model * s.w;
+  tp += s.m * double(s.f.moe_layers) * 2 * ring(T) * s.B * s.Tl * s.k * s.w;
+  if (s.full()) tp += s.m * L * 2 * 2 * ring(T) * s.act;
+  if (s.selective() && par.sequence_parallel) tp += s.m * L * 2 * ring(T) * s.act;
+  return {GroupKind::tp, tp,
+          cat("m*(4L+2)*2(T-1)/T*b*s*h + loss 3*b*s (+ SP: LayerNorm grads 2h each)",
+              s.f.moe_layers > 0 ? " + MoE gate grads m*L_moe*2(T-1)/T*b*s*k" : "",
+              s.full()                                 ? " + recompute: m*L*2*2(T-1)/T*b*s*h"
+              : s.selective() && par.sequence_parallel ? " + recompute: m*L*2*(T-1)/T*b*s*h"
+                                                       : "")};
+}
+
+// Context parallel: every block's attention is a ring over cp (estimate_ring); a MoE layer's
+// forward gathers the group's expert choices (int32, b*(s/C)*k per rank) and sums the
+// router's mean probabilities (E doubles). Recomputation (selective and full) reruns each
+// attention's forward ring, and full also the routing.
+CommEstimate context_parallel(const Config& config, const StepFacts& s) {
+  const auto& par = config.parallel;
+  const RingEstimate r = estimate_ring(config);
+  const double C = double(par.cp), E = double(model::dims_of(config).n_expert);
+  const double L = double(s.f.layers), L_moe = double(s.f.moe_layers);
+  const double moe = par.cp > 1 ? (C - 1) * s.B * s.Tl * s.k * 4.0 + 2 * ring(C) * E * 8.0 : 0.0;
+  double cp = s.m * (L * r.per_layer() + L_moe * moe);
+  if (s.recompute != model::Recompute::none) cp += s.m * L * r.forward;
+  if (s.full()) cp += s.m * L_moe * moe;
+  return {GroupKind::cp, cp,
+          cat("m*L*(3C-2)*2*b*(s/C)*h/T: (C-1) K/V fwd, (C-1) K/V + C dK/dV bwd",
+              L_moe > 0 ? " + MoE routing m*L_moe*((C-1)*b*(s/C)*k*4 + 2(C-1)/C*E*8)" : "",
+              s.recompute == model::Recompute::none ? ""
+              : s.full()                            ? " + recompute: forward again"
+                                                    : " + recompute: ring forward again")};
+}
+
+// Expert parallel (estimate_experts): token rows out and back, forward and backward, and the
+// forward's row counts, under uniform routing without drops; full recomputation routes again.
+CommEstimate expert_parallel(const Config& config, const StepFacts& s) {
+  const ExpertEstimate x = estimate_experts(config);
+  const double per_layer = x.per_layer() + (s.full() ? x.forward : 0.0);
+  return {GroupKind::ep, s.m * double(s.f.moe_layers) * per_layer,
+          cat("m*L_moe*(4*k*b*s*h*(ep-1)/ep + (ep-1)*(E/ep)*4): rows out+back fwd+bwd, counts",
+              s.full() ? " + recompute: forward again" : "")};
 }
 
 }  // namespace
@@ -185,50 +292,33 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
 std::vector<CommEstimate> estimate_comm(const Config& config, const model::ShardCoord& coord) {
   const auto& par = config.parallel;
   const model::Dims d = model::dims_of(config);
-  const double w = double(dtype_bytes(config));
-  const double m = double(micro_batches_per_step(config));
-  const double B = double(config.train.micro_batch), Tl = double(d.S / par.cp);
-  const double act = B * Tl * double(d.C) * w;  // one (B, T, C) activation
-  const ShardFacts f = shard_facts(config, coord, w);
-  const std::int64_t layers = f.layers, moe_layers = f.moe_layers;
-  const bool first = f.first, last = f.last;
+  StepFacts s;
+  s.w = double(dtype_bytes(config));
+  s.m = double(micro_batches_per_step(config));
+  s.B = double(config.train.micro_batch), s.Tl = double(d.S / par.cp);
+  s.act = s.B * s.Tl * double(d.C) * s.w;
+  s.k = double(d.top_k);
+  s.f = shard_facts(config, coord, s.w);
+  s.recompute = model::recompute_mode(config.train.recompute);
+  const bool first = s.f.first, last = s.f.last;
   std::vector<CommEstimate> out;
-  add_data_parallel(out, config, estimate_memory(config, coord), f, m, w);
-
-  // Tensor parallel, per micro-batch, as the layers do it (model/layers.hpp): 2 all-reduces
-  // of (b, s, h) per block each way, one for the embedding (forward) and one for the head (backward); the loss's row
-  // max and (sum-exp, target logit); with sequence parallelism each all-reduce is a
-  // reduce-scatter + all-gather of the same volume, and every LayerNorm's parameter
-  // gradients (2h) are summed over tp.
-  const double T = double(par.tp);
-  const double n_ar = 4.0 * double(layers) + (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0);
-  double tp = m * n_ar * 2 * ring(T) * act;
-  if (last) tp += m * 3.0 * 2 * ring(T) * B * Tl * w;
-  if (par.sequence_parallel)
-    tp += m * (2.0 * double(layers) + (last ? 1.0 : 0.0)) * 2 * ring(T) * 2.0 * double(d.C) * w;
-  out.push_back(
-      {GroupKind::tp, tp, "m*(4L+2)*2(T-1)/T*b*s*h + loss 3*b*s (+ SP: LayerNorm grads 2h each)"});
-
-  // Context parallel: every block's attention is a ring over cp (estimate_ring).
-  out.push_back({GroupKind::cp, m * double(layers) * estimate_ring(config).per_layer(),
-                 "m*L*(3C-2)*2*b*(s/C)*h/T: (C-1) K/V fwd, (C-1) K/V + C dK/dV bwd"});
-
-  // Expert parallel: dispatch + combine all-to-all, forward and backward.
-  const double E = double(par.ep);
-  out.push_back({GroupKind::ep, m * double(moe_layers) * 4.0 * act * double(d.top_k) * ring(E),
-                 "m*L_moe*4*k*b*s*h*(E-1)/E"});
+  add_data_parallel(out, config, estimate_memory(config, coord), s.f, s.m, s.w);
+  out.push_back(tensor_parallel(config, s));
+  out.push_back(context_parallel(config, s));
+  out.push_back(expert_parallel(config, s));
 
   // Pipeline: activations forward, their gradients backward, per micro-batch and chunk.
   const double v = double(par.virtual_stages);
   double pp = 0;
-  if (par.pp > 1) pp = m * v * act * ((last ? 0.0 : 1.0) + (first ? 0.0 : 1.0));
+  if (par.pp > 1) pp = s.m * v * s.act * ((last ? 0.0 : 1.0) + (first ? 0.0 : 1.0));
   out.push_back({GroupKind::pp, pp, "m*v*b*s*h per direction"});
 
   // Tied embedding: both ends' dense-grad groups (2*D ranks with this tp rank) all-reduce
   // the wte gradient, each rank contributing its shard of it (parallel/trainer.cpp).
   double embed = 0;
   const double ends = 2.0 * double(dense_grad_size(config));
-  if (par.pp > 1 && (first || last)) embed = ring(ends) * 2.0 * double(d.Vpad / par.tp) * double(d.C) * w;
+  if (par.pp > 1 && (first || last))
+    embed = ring(ends) * 2.0 * double(d.Vpad / par.tp) * double(d.C) * s.w;
   out.push_back({GroupKind::embed, embed, "2(n-1)/n*V/T*h all-reduce, n = 2*D ranks"});
   return out;
 }
@@ -293,6 +383,48 @@ std::string context_parallel_line(const Config& config) {
              format_bytes(at1 - here), " saved)");
 }
 
+// The MoE layers: experts per ep rank, routing and capacity, the experts' memory on a rank
+// and the all-to-all traffic (rank 0's shard, as the communication section).
+std::string moe_line(const Config& config) {
+  const auto& par = config.parallel;
+  const model::Dims d = model::dims_of(config);
+  const ExpertEstimate x = estimate_experts(config);
+  const model::ShardCoord sc = shard_of(config, 0, 0, 0);
+  const MemoryEstimate mem = estimate_memory(config, sc);
+  const ShardFacts f = shard_facts(config, sc, double(dtype_bytes(config)));
+  std::int64_t moe_layers = 0;
+  for (std::int64_t i = 0; i < d.L; ++i) moe_layers += d.is_moe_layer(i) ? 1 : 0;
+  double per_step = 0;
+  for (const auto& c : estimate_comm(config, sc))
+    if (c.group == GroupKind::ep) per_step = c.bytes_per_step;
+  const double cf = config.model.capacity_factor;
+  const std::string here = par.pp > 1 ? " on rank 0" : " per rank";
+  const std::string capacity =
+      cf > 0 ? cat("capacity ", cf, " (ceil(", cf, "*", d.top_k, "*N/", d.n_expert,
+                   ") slots per expert for a micro-batch of N tokens: ", x.capacity,
+                   " at N = ", x.tokens, ")")
+             : std::string("dropless (capacity_factor = 0)");
+  const std::string traffic =
+      par.ep > 1
+          ? cat("all-to-all per MoE layer and micro-batch ", format_bytes(x.per_layer()),
+                " (forward ", format_bytes(x.forward), ": counts ", format_bytes(x.counts),
+                " + rows out and back 2 x ", format_bytes(x.rows), "; backward ",
+                format_bytes(x.backward), "), ", format_bytes(per_step), " per step (",
+                micro_batches_per_step(config), " micro-batch(es) x ", f.moe_layers,
+                " MoE layers on rank 0",
+                config.train.recompute == "full" ? "; full recompute sends the forward's twice"
+                                                 : "",
+                "), under uniform routing without drops")
+          : std::string("no all-to-all (ep = 1: every expert on every rank)");
+  return cat("mixture of experts: ", d.n_expert, " experts (", d.n_expert / par.ep,
+             " per ep rank), top ", d.top_k, ", ", capacity, ", ", moe_layers, " of ", d.L,
+             " blocks (moe_every = ", d.moe_every, "); expert parameters ",
+             with_commas(mem.expert_params), here, ": ", format_bytes(mem.expert_param_bytes),
+             ", grads ", format_bytes(mem.expert_grad_bytes), ", optimizer ",
+             format_bytes(mem.expert_optimizer_bytes), par.zero > 0 ? " (their ZeRO share)" : "",
+             "; ", traffic);
+}
+
 // The model, the step and its FLOPs, the pipeline and the predicted step time.
 std::string model_section(const Config& config, const Layout& layout) {
   std::string r;
@@ -320,6 +452,7 @@ std::string model_section(const Config& config, const Layout& layout) {
     line(schedule_picture(config));
   }
   if (par.cp > 1) line(context_parallel_line(config));
+  if (d.n_expert > 0) line(moe_line(config));
   if (config.backend.peak_gflops > 0) {
     const double t = fpt * tokens / (config.backend.peak_gflops * 1e9 * layout.world());
     line(cat("predicted step time at 100% of backend%peak_gflops = ", config.backend.peak_gflops,

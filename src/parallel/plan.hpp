@@ -20,6 +20,10 @@ struct MemoryEstimate {
   std::int64_t local_params = 0;  // elements of this rank's shard (all chunks)
   std::int64_t dense_params = 0, expert_params = 0;
   std::array<double, 6> bytes{};  // indexed by MemCategory
+  // The experts' part of bytes[params], [grads] and [optimizer]: all of it for the experts
+  // this rank holds under ZeRO 0 (the only stage with ep > 1); under ZeRO s >= 1 (ep = 1) the
+  // sharded ones are the experts' 1/D share of the dense-grad group's shards, on average.
+  double expert_param_bytes = 0, expert_grad_bytes = 0, expert_optimizer_bytes = 0;
   double total() const;
 };
 MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord);
@@ -43,6 +47,23 @@ struct RingEstimate {
   double per_layer() const { return forward + backward; }  // (3C-2) blocks
 };
 RingEstimate estimate_ring(const Config& config);
+
+// Expert parallelism's all-to-alls (model/moe.cpp), per MoE layer and micro-batch, in bytes
+// one rank sends when routing is uniform and nothing is dropped. Forward: one all-to-all of
+// the row counts (El = n_expert/ep int32 per peer: (ep-1)*El*4), the token rows to the
+// experts' ranks and the experts' outputs back (two all-to-allv, each of the k*B*(S/cp)
+// rows of d_model the rank sends, less the 1/ep that stay: `rows` = k*B*(S/cp)*d_model*w*
+// (ep-1)/ep); backward: d(output) rows out and d(input) rows back, the same two volumes
+// (the counts are not sent again). Every tp rank sends whole d_model rows. Traffic is zero
+// at ep = 1. Capacity: ceil(capacity_factor*k*N/E) slots per expert for the N = B*seq_len
+// tokens of a micro-batch (the cp group's together), 0 when dropless.
+struct ExpertEstimate {
+  std::int64_t tokens = 0, capacity = 0;  // N; slots per expert and micro-batch (0: dropless)
+  double counts = 0, rows = 0;            // bytes of the count all-to-all, of one row all-to-allv
+  double forward = 0, backward = 0;       // counts + 2 rows; 2 rows
+  double per_layer() const { return forward + backward; }
+};
+ExpertEstimate estimate_experts(const Config& config);
 
 // Micro-batches per step on one rank: global_batch / (micro_batch * dp * ep).
 std::int64_t micro_batches_per_step(const Config& config);
