@@ -7,6 +7,7 @@
 #  - run%trace records the ring's waits on the cp group;
 #  - a sequence that does not split in 2*cp chunks is refused before step 1 (exit 2).
 source "$(dirname "$0")/lib/prologue.sh"
+source "$(dirname "$0")/lib/compare.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
 common=(--set model%dtype="'fp64'" --set model%vocab=61 --set train%micro_batch=4
         --set run%eval_every=0)
@@ -15,17 +16,6 @@ run() {  # run NP OUT [--set ...]
   timeout 300 "$MPIEXEC" $MPIEXEC_PREFLAGS -np "$np" "$PTRAIN" "$deck" "${common[@]}" \
     --set run%steps="${STEPS:-12}" --set run%out_dir="'$tmp/$out'" "$@" \
     >"$tmp/$out.log" 2>&1 || fail "$out: $(grep -iE 'error|nml:' "$tmp/$out.log" | head -3)"
-}
-column() {  # column RUN NAME STEP
-  awk -F, -v n="$2" -v s="$3" 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == n) c = i }
-    NR > 1 && $1 == s && c { print $c }' "$tmp/$1/log.csv"
-}
-close() { awk -v a="$1" -v b="$2" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d < 1e-10) }'; }
-same_losses() {  # NAME: steps 7..12 as the reference's
-  for s in 7 10 12; do
-    close "$(column "$1" loss $s)" "$(column ref loss $s)" ||
-      fail "$1: step $s loss $(column "$1" loss $s) vs $(column ref loss $s)"
-  done
 }
 
 run 1 ref

@@ -7,6 +7,7 @@
 #    the measured one is within 20% of the schedule's at the measured stage times;
 #  - a deck whose micro-batches cannot be interleaved is refused before step 1 (exit 2).
 source "$(dirname "$0")/lib/prologue.sh"
+source "$(dirname "$0")/lib/compare.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
 run() {  # run NP OUT [--set ...]
   local np=$1 out=$2; shift 2
@@ -14,13 +15,6 @@ run() {  # run NP OUT [--set ...]
     --set model%n_layer=8 --set model%vocab=61 --set run%steps="${STEPS:-12}" \
     --set train%micro_batch=2 --set run%eval_every=0 --set run%out_dir="'$tmp/$out'" "$@" \
     >"$tmp/$out.log" 2>&1 || fail "$out: $(grep -iE 'error|nml:' "$tmp/$out.log" | head -3)"
-}
-loss_at() { awk -F, -v s="$2" '$1 == s { v = $2 } END { print v }' "$tmp/$1/log.csv"; }
-close() { awk -v a="$1" -v b="$2" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d < 1e-10) }'; }
-same_losses() {  # NAME: steps 7..12 as the reference's
-  for s in 7 10 12; do
-    close "$(loss_at "$1" $s)" "$(loss_at ref $s)" || fail "$1: step $s loss $(loss_at "$1" $s) vs $(loss_at ref $s)"
-  done
 }
 
 run 1 ref
