@@ -3,9 +3,12 @@
 #  - a checkpoint written at ep 4 resumes on one rank, and a one-rank checkpoint resumes at
 #    ep 4: the same losses as the uninterrupted one-rank run to 1e-10 (fp64); the file holds
 #    the experts at global shape [n_expert, ...];
-#  - log.csv has the ep traffic and the MoE columns;
-#  - what this version cannot train (ep > 1 with ZeRO > 0) and deck mistakes (ep not
-#    dividing n_expert, top_k > n_expert) are refused before step 1 with exit code 2.
+#  - the same with experts sharded over the expert-grad group by ZeRO (ep 2 x dp 2, ZeRO 3
+#    to one rank, one rank to ZeRO 1): parameters and AdamW moments move between shardings;
+#  - log.csv has the ep traffic and the MoE columns, per layer too (loads consistent with the
+#    batch's token choices); the log prints the per-layer loads;
+#  - deck mistakes (ep not dividing n_expert, top_k > n_expert) are refused before step 1
+#    with exit code 2.
 source "$(dirname "$0")/lib/prologue.sh"
 source "$(dirname "$0")/lib/compare.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
@@ -26,6 +29,12 @@ run 1 e4_to_1 $(ck e4)
 same_losses e4_to_1
 run 4 one_to_e4 $(ck one) --set parallel%ep=4
 same_losses one_to_e4
+e2d2=(--set parallel%ep=2 --set parallel%dp=2)
+STEPS=6 run 4 e2d2z3 "${e2d2[@]}" --set parallel%zero=3 --set checkpoint%every=6
+run 1 z3_to_1 $(ck e2d2z3)
+same_losses z3_to_1
+run 4 one_to_z1 $(ck one) "${e2d2[@]}" --set parallel%zero=1
+same_losses one_to_z1
 /usr/bin/python3 - "$tmp/e4/checkpoints/ckpt_00000006.h5" <<'PY' || fail "expert shapes in the checkpoint"
 import h5py, sys
 with h5py.File(sys.argv[1], "r") as f:
@@ -40,6 +49,19 @@ for c in aux_loss moe_dropped moe_load_min moe_load_max exposed_ep_s; do
   [ -n "$(column e4 $c 3)" ] || fail "no $c in log.csv"
 done
 grep -q "| moe aux " "$tmp/e4.log" || fail "no MoE statistics in the log line"
+grep -q "expert loads min/mean/max tokens: h.0 .*, h.1 " "$tmp/e4.log" || fail "no per-layer expert loads in the log"
+# Per layer, every step: min <= mean <= max, and the kept choices (mean x 4 experts) are the
+# batch's 16 x 64 tokens x top 2 less the dropped share.
+/usr/bin/python3 - "$tmp/e4/log.csv" <<'PY' || fail "per-layer expert loads in log.csv"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert rows, "no rows"
+for row in rows:
+    for l in (0, 1):
+        lo, mean, hi, dropped = (float(row[f"moe_h{l}_{x}"]) for x in ("min", "mean", "max", "dropped"))
+        assert lo <= mean <= hi, (row["step"], l, lo, mean, hi)
+        assert abs(mean * 4 - 16 * 64 * 2 * (1 - dropped)) < 1e-3, (row["step"], l, mean, dropped)
+PY
 
 # Refusals, before step 1, exit 2, one line naming the keys.
 refused() {  # refused NP PATTERN [--set ...]
@@ -54,5 +76,4 @@ refused() {  # refused NP PATTERN [--set ...]
 }
 refused 3 "parallel%ep = 3 does not divide model%n_expert = 4" --set parallel%ep=3 --set train%global_batch=24
 refused 1 "model%top_k" --set model%top_k=5
-refused 4 "parallel%zero > 0" --set parallel%ep=2 --set parallel%dp=2 --set parallel%zero=1
 echo "moe: all checks passed"

@@ -158,7 +158,7 @@ struct Part {
     b.moments = moments;
     for (int k = 0; k < (moments ? 3 : 1); ++k)
       for (std::size_t c = 0; c < range.size(); ++c) {
-        ckpt::Owned<P> o{data[k][c].data(), range[c].first, range[c].second};
+        ckpt::Owned<P> o{data[k][c].data(), range[c].first, range[c].second, int(c)};
         (k == 0 ? b.params : k == 1 ? b.m : b.v).push_back(o);
       }
     return b;

@@ -213,8 +213,8 @@ TEST(DataParallel, BytesPerStepAreTheRingFormulas) {
     // on this group.)
     const double ring = double(D - 1) / D;
     const double expect[4] = {
-        2 * ring * Npad * w,                    // all-reduce
-        2 * ring * Npad * w + ring * Npad * w,  // + all-gather params
+        2 * ring * N * w,                    // all-reduce (not the padding)
+        2 * ring * N * w + ring * Npad * w,  // + all-gather params (padded: in place)
         m * ring * N * w + ring * Npad * w,     // reduce-scatter + gather
         // + every unit gathered for its forward and again for its backward, but the
         // embedding (kept for the tied head) once per step

@@ -53,8 +53,9 @@ struct Holding {
   const TensorSpec* spec = nullptr;
   std::vector<Slab> boxes;  // the owned elements as global blocks, in memory order
   std::int64_t numel = 0;
-  std::size_t at = 0;    // index in the Owned buffer's data of the first owned element
-  bool primary = false;  // written on save, checksummed on load
+  std::size_t owned = 0;  // index of the Owned buffer (of its kind) holding it
+  std::size_t at = 0;     // index in the Owned buffer's data of the first owned element
+  bool primary = false;   // written on save, checksummed on load
 };
 
 // Checks the buffers against the layout and lists what this rank holds (on save only what
@@ -64,25 +65,36 @@ std::string collect_holdings(const std::vector<ChunkLayout>& chunks, const Buffe
                              const TensorPredicate& holder, bool saving, std::vector<Holding>& out,
                              std::map<std::string, Shape>& known) {
   if (!holder) return "no holder predicate was given";
-  if (buffers.params.size() != chunks.size())
-    return cat("got ", buffers.params.size(), " parameter buffers for ", chunks.size(),
-               " model chunks");
-  const std::size_t n_moments = buffers.moments ? chunks.size() : 0;
+  const std::size_t n_owned = buffers.params.size();
+  std::vector<bool> covered(chunks.size(), false);
+  for (const auto& o : buffers.params)
+    if (o.chunk >= 0 && std::size_t(o.chunk) < chunks.size()) covered[std::size_t(o.chunk)] = true;
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    if (!covered[c])
+      return cat("got no parameter buffer for model chunk ", c, " of ", chunks.size());
+  const std::size_t n_moments = buffers.moments ? n_owned : 0;
   if (buffers.m.size() != n_moments || buffers.v.size() != n_moments)
     return buffers.moments ? cat("got ", buffers.m.size(), " m and ", buffers.v.size(),
-                                 " v buffers for ", chunks.size(), " model chunks")
+                                 " v buffers for ", n_owned, " parameter buffers")
                            : std::string("m and v buffers were given but `moments` is false");
   const int kinds = kinds_of(buffers);
-  for (std::size_t c = 0; c < chunks.size(); ++c) {
-    const auto numel = static_cast<std::size_t>(chunks[c].numel);
+  for (std::size_t i = 0; i < n_owned; ++i)
     for (int k = 0; k < kinds; ++k) {
-      const Owned<P>& o = owned_of(buffers, k)[c];
+      const Owned<P>& o = owned_of(buffers, k)[i];
+      const Owned<P>& p = buffers.params[i];
+      if (o.chunk < 0 || std::size_t(o.chunk) >= chunks.size() || o.chunk != p.chunk ||
+          o.lo != p.lo || o.hi != p.hi)
+        return cat("the ", kBufferName[k], " buffer ", i, " (chunk ", o.chunk, ", [", o.lo, ", ",
+                   o.hi, ")) does not match parameter buffer ", i, " (chunk ", p.chunk, ", [", p.lo,
+                   ", ", p.hi, ")) among ", chunks.size(), " model chunks");
+      const auto numel = static_cast<std::size_t>(chunks[std::size_t(o.chunk)].numel);
       if (o.lo > o.hi || o.hi > numel)
-        return cat("the ", kBufferName[k], " range [", o.lo, ", ", o.hi, ") of chunk ", c,
+        return cat("the ", kBufferName[k], " range [", o.lo, ", ", o.hi, ") of chunk ", o.chunk,
                    " lies outside its ", numel, " elements");
       if (o.hi > o.lo && !o.data)
-        return cat("the ", kBufferName[k], " buffer of chunk ", c, " is missing");
+        return cat("the ", kBufferName[k], " buffer of chunk ", o.chunk, " is missing");
     }
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
     for (const auto& t : chunks[c].tensors) {
       if (auto problem = tensor_problem(t, chunks[c].numel, c); !problem.empty()) return problem;
       auto [it, fresh] = known.emplace(t.name, t.global_shape);
@@ -91,21 +103,24 @@ std::string collect_holdings(const std::vector<ChunkLayout>& chunks, const Buffe
       const bool primary = !t.tied_copy && holder(t);
       if (saving && !primary) continue;
       const std::int64_t first = t.offset, end = t.offset + numel_of(t.slabs);
-      for (int k = 0; k < kinds; ++k) {
-        const Owned<P>& o = owned_of(buffers, k)[c];
-        const std::int64_t lo = std::max(first, static_cast<std::int64_t>(o.lo));
-        const std::int64_t hi = std::min(end, static_cast<std::int64_t>(o.hi));
-        if (lo >= hi) continue;
-        Holding h;
-        h.kind = k;
-        h.chunk = static_cast<int>(c);
-        h.spec = &t;
-        h.boxes = boxes_of_slabs_range(t.slabs, lo - first, hi - first);
-        h.numel = hi - lo;
-        h.at = static_cast<std::size_t>(lo) - o.lo;
-        h.primary = primary;
-        out.push_back(std::move(h));
-      }
+      for (int k = 0; k < kinds; ++k)
+        for (std::size_t i = 0; i < n_owned; ++i) {
+          const Owned<P>& o = owned_of(buffers, k)[i];
+          if (std::size_t(o.chunk) != c) continue;
+          const std::int64_t lo = std::max(first, static_cast<std::int64_t>(o.lo));
+          const std::int64_t hi = std::min(end, static_cast<std::int64_t>(o.hi));
+          if (lo >= hi) continue;
+          Holding h;
+          h.kind = k;
+          h.chunk = static_cast<int>(c);
+          h.owned = i;
+          h.spec = &t;
+          h.boxes = boxes_of_slabs_range(t.slabs, lo - first, hi - first);
+          h.numel = hi - lo;
+          h.at = static_cast<std::size_t>(lo) - o.lo;
+          h.primary = primary;
+          out.push_back(std::move(h));
+        }
     }
   }
   if (saving) {  // one writer of each part: a tensor is written from one place on a rank
@@ -354,7 +369,7 @@ struct ReadTotals {
 };
 
 // Reads one dataset's holdings for this rank (elements of the file's type U), sums the
-// checksum of the primary ones and converts into staging[kind][chunk] when given.
+// checksum of the primary ones and converts into staging[kind][owned buffer] when given.
 template <class U, class T>
 void read_plan(MPI_Comm comm, const DatasetPlan& p, hid_t dset, hid_t dxpl, const std::string& what,
                std::vector<std::vector<std::vector<T>>>* staging, std::uint64_t& checksum,
@@ -377,9 +392,7 @@ void read_plan(MPI_Comm comm, const DatasetPlan& p, hid_t dset, hid_t dxpl, cons
       counted += h->numel;
     }
     if (staging) {
-      T* dst =
-          (*staging)[static_cast<std::size_t>(h->kind)][static_cast<std::size_t>(h->chunk)].data() +
-          h->at;
+      T* dst = (*staging)[static_cast<std::size_t>(h->kind)][h->owned].data() + h->at;
       for (std::int64_t j = 0; j < h->numel; ++j) dst[j] = static_cast<T>(src[j]);
     }
     offset += h->numel;
@@ -455,7 +468,7 @@ struct SavePlan {
 
 template <class T>
 const T* data_of(const Buffers<const T>& buffers, const Holding& h) {
-  return owned_of(buffers, h.kind)[static_cast<std::size_t>(h.chunk)].data + h.at;
+  return owned_of(buffers, h.kind)[h.owned].data + h.at;
 }
 
 // "<dataset> holds nan on rank 3" for the first element of this rank's part that is not
@@ -919,9 +932,9 @@ CheckpointState load_checkpoint(const std::string& restart, const std::string& d
 
   // 4. Only now the caller's buffers change.
   for (int k = 0; k < kinds; ++k)
-    for (std::size_t c = 0; c < chunks.size(); ++c) {
-      const auto& src = staging[static_cast<std::size_t>(k)][c];
-      std::copy(src.begin(), src.end(), owned_of(buffers, k)[c].data);
+    for (std::size_t i = 0; i < buffers.params.size(); ++i) {
+      const auto& src = staging[static_cast<std::size_t>(k)][i];
+      std::copy(src.begin(), src.end(), owned_of(buffers, k)[i].data);
     }
   if (report) {
     bool any4 = false, any8 = false;

@@ -71,21 +71,23 @@ namespace ptrain::ckpt {
 
 inline constexpr const char* kCheckpointFormatVersion = "2";
 
-// Elements [lo, hi) of a chunk's flat numbering, stored at data[0 .. hi - lo).
+// Elements [lo, hi) of chunk `chunk`'s flat numbering, stored at data[0 .. hi - lo).
 // P is const T when saving, T when loading.
 template <class P>
 struct Owned {
   P* data = nullptr;
   std::size_t lo = 0, hi = 0;
+  int chunk = 0;
 };
 
-// One Owned range per chunk for the parameters and, when the optimizer keeps moments
-// (AdamW), for m and v; `moments` must be the same on every rank.
+// The Owned ranges of the parameters (at least one per chunk; more when a rank's shard is
+// not one flat range, as with experts sharded apart) and, when the optimizer keeps moments
+// (AdamW), the same ranges of m and v; `moments` must be the same on every rank.
 template <class P>
 struct Buffers {
   std::vector<Owned<P>> params;
   bool moments = false;
-  std::vector<Owned<P>> m, v;  // one per chunk when `moments`, else empty
+  std::vector<Owned<P>> m, v;  // like params when `moments`, else empty
 };
 
 // The training state besides the tensors (the /state group).

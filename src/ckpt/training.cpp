@@ -76,11 +76,14 @@ Buffers<P> owned_state(parallel::Trainer<T>& trainer, bool moments = true) {
   b.moments = moments && !trainer.optimizer(0).state().empty();
   for (int c = 0; c < trainer.chunks(); ++c) {
     auto& dp = trainer.data_parallel(c);
-    const auto lo = std::size_t(dp.update_lo()), hi = std::size_t(dp.update_hi());
-    b.params.push_back({dp.update_params().data(), lo, hi});
-    if (b.moments)
-      for (const auto& [name, view] : trainer.optimizer(c).state())
-        (name == "m" ? b.m : b.v).push_back({view.data(), lo, hi});
+    // One range per piece of the update (two or more with experts sharded apart).
+    for (const auto& p : dp.update_pieces()) {
+      const auto lo = std::size_t(p.lo), hi = std::size_t(p.hi), at = std::size_t(p.at);
+      b.params.push_back({dp.update_params().data() + at, lo, hi, c});
+      if (b.moments)
+        for (const auto& [name, view] : trainer.optimizer(c).state())
+          (name == "m" ? b.m : b.v).push_back({view.data() + at, lo, hi, c});
+    }
   }
   return b;
 }

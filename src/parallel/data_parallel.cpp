@@ -27,17 +27,68 @@ std::int64_t max_unit(const std::vector<Unit>& units, bool embedding) {
 
 }  // namespace
 
+ShardMap::ShardMap(const model::ChunkLayout& layout, int D, int r, int Dx, int rx) {
+  const bool split = Dx > 0;
+  spaces.resize(split ? 2 : 1);
+  spaces[0].D = D;
+  spaces[0].r = r;
+  if (split) {
+    spaces[1].D = Dx;
+    spaces[1].r = rx;
+  }
+  for (const auto& t : layout.tensors) {
+    const int s = split && t.expert ? 1 : 0;
+    if (!runs.empty() && runs.back().space == s && runs.back().hi == t.offset) {
+      runs.back().hi += t.numel;
+    } else {
+      runs.push_back({t.offset, t.offset + t.numel, spaces[std::size_t(s)].numel, s});
+    }
+    spaces[std::size_t(s)].numel += t.numel;
+  }
+  for (auto& sp : spaces) {
+    sp.shard = (sp.numel + sp.D - 1) / sp.D;
+    sp.at = storage;
+    storage += sp.shard;
+  }
+  for (const Run& run : runs) {
+    const Cut c = cut(run, run.lo, run.hi);
+    if (c.mine > 0) owned.push_back({c.mine_lo, c.mine_lo + c.mine, c.at});
+  }
+  std::sort(owned.begin(), owned.end(), [](const Piece& x, const Piece& y) { return x.at < y.at; });
+  for (const Piece& p : owned) owned_end = std::max(owned_end, p.at + p.hi - p.lo);
+}
+
+ShardMap::Cut ShardMap::cut(const Run& run, std::int64_t a, std::int64_t b) const {
+  const Space& sp = spaces[std::size_t(run.space)];
+  const std::int64_t sa = run.space_lo + (a - run.lo), sb = sa + (b - a), S = sp.shard;
+  Cut c;
+  c.counts.resize(std::size_t(sp.D));
+  for (int q = 0; q < sp.D; ++q)
+    c.counts[std::size_t(q)] =
+        int(std::max<std::int64_t>(0, std::min(sb, (q + 1) * S) - std::max(sa, q * S)));
+  const std::int64_t first = std::min(std::max(sa, sp.r * S), (sp.r + 1) * S);  // in the space
+  c.mine = c.counts[std::size_t(sp.r)];
+  c.mine_lo = a + (first - sa);
+  c.at = sp.at + (first - sp.r * S);
+  return c;
+}
+
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
-                                      double bucket_mb, std::size_t element_bytes) {
+                                      double bucket_mb, std::size_t element_bytes,
+                                      int expert_group) {
   DataParallelSizes s;
+  const ShardMap map(layout, D, 0, expert_group, 0);
   s.numel = layout.numel;
-  s.shard = (layout.numel + D - 1) / D;
-  const std::int64_t padded = s.shard * D;
+  s.shard = map.storage;
+  // The whole buffers: padded to D equal shards (one in-place all-gather) without split
+  // experts; with them the shards live apart, packed beside the whole buffers under ZeRO 1/2.
+  const std::int64_t whole = map.split() ? s.numel : s.shard * D;
+  const std::int64_t packed = map.split() ? s.shard : 0;
   const auto units = model::units_of(layout);
   const std::int64_t emb = max_unit(units, true), other = max_unit(units, false);
   const std::int64_t windows = emb + 2 * other;  // the embedding's and two rotating ones
-  s.params = zero >= 3 ? s.shard : padded;
-  s.grads = zero >= 2 ? s.shard : padded;
+  s.params = zero >= 3 ? s.shard : whole + (zero >= 1 ? packed : 0);
+  s.grads = zero >= 2 ? s.shard : whole + (zero == 1 ? packed : 0);
   s.optimizer_range = zero >= 1 ? s.shard : s.numel;
   s.bucket =
       std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / double(element_bytes)));
@@ -49,28 +100,53 @@ DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, i
 // ---------------------------------------------------------------------------------------
 // The ParamStore the model uses, for every stage.
 
+namespace {
+
+void wait_all(std::vector<Request>& reqs) {
+  for (auto& r : reqs) r.wait();
+  reqs.clear();
+}
+bool test_all(std::vector<Request>& reqs) {
+  bool done = true;
+  for (auto& r : reqs) done = r.test() && done;
+  return done;
+}
+
+}  // namespace
+
 template <class T>
 class DataParallel<T>::Store : public model::ParamStore<T> {
  public:
   Store(DataParallel& dp, const model::ChunkLayout& layout)
-      : dp_(dp), units_(model::units_of(layout)) {
+      : dp_(dp), map_(dp.map_), units_(model::units_of(layout)) {
     const auto& z = dp.sizes_;
-    const std::int64_t padded = z.shard * dp.D_;
-    if (dp.zero_ <= 2)
-      params_ = TrackedView<T>(MemCategory::params, "ptrain::params", std::size_t(padded));
-    else
-      params_ = TrackedView<T>(MemCategory::params, "ptrain::params.shard", std::size_t(z.shard));
-    if (dp.zero_ <= 1)
-      grads_ = TrackedView<T>(MemCategory::grads, "ptrain::grads", std::size_t(padded));
-    else
-      grads_ = TrackedView<T>(MemCategory::grads, "ptrain::grads.shard", std::size_t(z.shard));
-    if (dp.zero_ <= 1) {
+    const int zero = dp.zero_;
+    const bool split = map_.split();
+    const std::int64_t whole = split ? z.numel : z.shard * map_.spaces[0].D;
+    if (zero <= 2) {
+      params_ = TrackedView<T>(MemCategory::params, "ptrain::params", std::size_t(whole));
+      if (zero >= 1 && split)
+        owned_params_ =
+            TrackedView<T>(MemCategory::params, "ptrain::params.owned", std::size_t(z.shard));
+    } else {
+      owned_params_ =
+          TrackedView<T>(MemCategory::params, "ptrain::params.shard", std::size_t(z.shard));
+    }
+    if (zero <= 1) {
+      grads_ = TrackedView<T>(MemCategory::grads, "ptrain::grads", std::size_t(whole));
+      if (zero == 1 && split)
+        owned_grads_ =
+            TrackedView<T>(MemCategory::grads, "ptrain::grads.owned", std::size_t(z.shard));
+    } else {
+      owned_grads_ =
+          TrackedView<T>(MemCategory::grads, "ptrain::grads.shard", std::size_t(z.shard));
+    }
+    if (zero <= 1) {
       // Buckets from the end of the buffer (the head) towards wte, as the backward goes.
-      for (std::int64_t hi = padded; hi > 0; hi -= z.bucket) {
+      for (std::int64_t hi = whole; hi > 0; hi -= z.bucket) {
         Bucket b;
         b.lo = std::max<std::int64_t>(0, hi - z.bucket);
         b.hi = hi;
-        b.segments = segments(layout, b.lo, b.hi);
         buckets_.push_back(std::move(b));
       }
     } else {
@@ -84,7 +160,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       };
       grad_emb_ = window("ptrain::grad_window.embedding", emb);
       for (auto& w : grad_slots_) w = window("ptrain::grad_window", other);
-      if (dp.zero_ == 3) {
+      if (zero == 3) {
         param_emb_.buf = TrackedView<T>(MemCategory::comm, "ptrain::param_window.embedding",
                                         std::size_t(std::max<std::int64_t>(emb, 1)));
         for (auto& w : param_slots_)
@@ -101,7 +177,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     if (u.kind == Unit::embedding) {
       if (param_emb_.unit != unit) {
         gather(param_emb_, unit);
-        param_emb_.req.wait();
+        wait_all(param_emb_.reqs);
       }
       return slice(param_emb_.buf.view(), 0, u.hi - u.lo);
     }
@@ -110,7 +186,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       w = free_param_slot();
       gather(*w, unit);
     }
-    w->req.wait();
+    wait_all(w->reqs);
     current_ = unit;
     // Prefetch the unit this pass needs next: up the chunk in a forward, down in a backward.
     const int next = unit + (phase == model::Phase::forward ? 1 : -1);
@@ -166,8 +242,13 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     Window* w = &grad_emb_;
     for (auto& s : grad_slots_)
       if (s.unit == unit && s.open) w = &s;
-    // Reduce-scatter the unit's range onto the shards it overlaps.
-    w->req = dp_.group_.reduce_scatter_sum(w->buf.data(), w->recv.data(), shard_counts(u));
+    // Reduce-scatter each run of the unit onto the shards of its space; this rank's part
+    // of the run lands at the run's place in the receive window.
+    map_.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
+      (void)b;
+      w->reqs.push_back(group(run).reduce_scatter_sum(
+          w->buf.data() + (a - u.lo), w->recv.data() + (a - u.lo), map_.cut(run, a, b).counts));
+    });
     w->pending_fold = true;
     w->open = false;
     progress();
@@ -175,17 +256,17 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
 
   // --- step control ---------------------------------------------------------------------
   void begin_step() {
-    K::fill(grads_.view(), T(0));
+    K::fill((dp_.zero_ <= 1 ? grads_ : owned_grads_).view(), T(0));
     done_early_bytes_ = total_bytes_ = 0;
   }
 
   // The parameters changed (an update, loaded weights): every gathered copy is stale.
   void invalidate_params() {
     if (dp_.zero_ != 3) return;
-    param_emb_.req.wait();
+    wait_all(param_emb_.reqs);
     param_emb_.unit = -1;
     for (auto& w : param_slots_) {
-      w.req.wait();
+      wait_all(w.reqs);
       w.unit = -1;
     }
     current_ = -1;
@@ -202,11 +283,15 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
         if (!b.launched) launch(b);
         const double bytes = double(b.hi - b.lo) * sizeof(T);
         total_bytes_ += bytes;
-        if (b.finished_early || test(b)) done_early_bytes_ += bytes;
-        for (auto& r : b.reqs) r.wait();
-        b.reqs.clear();
+        if (b.finished_early || test_all(b.reqs)) done_early_bytes_ += bytes;
+        wait_all(b.reqs);
         b.launched = b.finished_early = false;
       }
+      // ZeRO 1 with split experts: the owned elements, packed for the optimizer.
+      if (owned_grads_.size() > 0)
+        for (const auto& p : map_.owned)
+          K::copy<T>(slice(owned_grads_.view(), p.at, p.at + p.hi - p.lo),
+                     slice(grads_.view(), p.lo, p.hi));
     } else {
       fold(grad_emb_);
       for (auto& w : grad_slots_) fold(w);
@@ -214,89 +299,82 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     dp_.overlap_ = total_bytes_ > 0 ? done_early_bytes_ / total_bytes_ : 1.0;
   }
 
-  TrackedView<T> params_, grads_;
+  // All-gathers flat [lo, hi) of the parameters from the owned shards into dst (which
+  // stands for flat lo): one all-gather per run, over the run's space group (not waited).
+  void gather_range(T* dst, std::int64_t lo, std::int64_t hi, std::vector<Request>& reqs) {
+    const T* owned = owned_params().data();
+    map_.for_each_run(lo, hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
+      const ShardMap::Cut c = map_.cut(run, a, b);
+      reqs.push_back(group(run).all_gather(owned + c.at, dst + (a - lo), c.counts));
+    });
+  }
+
+  // The owned storage: kept apart under ZeRO 3 (parameters), ZeRO 2 (gradients) and with
+  // split experts, else the whole buffer's own shard (where its in-place all-gather reads).
+  K::Vec<T> owned_params() const { return owned_(params_, owned_params_); }
+  K::Vec<T> owned_grads() const { return owned_(grads_, owned_grads_); }
+
+  // ZeRO 1/2: the updated shards into the whole parameters.
+  void gather_whole_params() {
+    std::vector<Request> reqs;
+    if (owned_params_.size() == 0) {  // one space: the padded buffer, gathered in place
+      const auto& sp = map_.spaces[0];
+      std::vector<int> counts(std::size_t(sp.D), int(sp.shard));
+      T* full = params_.data();
+      reqs.push_back(dp_.group_.all_gather(full + sp.r * sp.shard, full, counts));
+    } else {
+      gather_range(params_.data(), 0, map_.runs.empty() ? 0 : map_.runs.back().hi, reqs);
+    }
+    wait_all(reqs);
+  }
+
+  // ZeRO 1/2 with split experts: the owned parameters from the whole ones.
+  void pack_params() {
+    if (dp_.zero_ >= 3 || owned_params_.size() == 0) return;
+    for (const auto& p : map_.owned)
+      K::copy<T>(slice(owned_params_.view(), p.at, p.at + p.hi - p.lo),
+                 slice(params_.view(), p.lo, p.hi));
+  }
+
+  TrackedView<T> params_, grads_;              // whole (ZeRO <= 2 / <= 1)
+  TrackedView<T> owned_params_, owned_grads_;  // the owned storage, when kept apart
 
  private:
-  // A range of the flat buffer reduced over one group: expert tensors over the
-  // expert-grad group (d, c) when experts are split over ep, everything else over dense-grad.
-  struct Segment {
-    std::int64_t lo = 0, hi = 0;
-    bool expert = false;
-  };
   struct Bucket {
     std::int64_t lo = 0, hi = 0;
-    std::vector<Segment> segments;
     std::vector<Request> reqs;
     bool launched = false, finished_early = false;
   };
-
-  // [lo, hi) cut where the reduction group changes (one segment without expert parallelism).
-  std::vector<Segment> segments(const model::ChunkLayout& layout, std::int64_t lo,
-                                std::int64_t hi) const {
-    std::vector<Segment> out;
-    auto add = [&](std::int64_t a, std::int64_t b, bool expert) {
-      if (a >= b) return;
-      if (!out.empty() && out.back().expert == expert && out.back().hi == a)
-        out.back().hi = b;
-      else
-        out.push_back({a, b, expert});
-    };
-    if (!dp_.split_experts()) {
-      add(lo, hi, false);
-      return out;
-    }
-    std::int64_t at = lo;
-    for (const auto& t : layout.tensors) {
-      const std::int64_t a = std::max(at, t.offset), b = std::min(hi, t.offset + t.numel);
-      if (a >= b) continue;
-      add(at, a, false);  // a gap (none in a layout; kept general)
-      add(a, b, t.expert);
-      at = b;
-    }
-    add(at, hi, false);  // padding
-    return out;
-  }
-  void launch(Bucket& b) {
-    for (const Segment& s : b.segments)
-      b.reqs.push_back((s.expert ? *dp_.experts_ : dp_.group_)
-                           .all_reduce_sum(grads_.data() + s.lo, std::size_t(s.hi - s.lo)));
-    b.launched = true;
-  }
-  static bool test(Bucket& b) {
-    bool done = true;
-    for (auto& r : b.reqs) done = r.test() && done;
-    return done;
-  }
   struct Window {
     TrackedView<T> buf, recv;
     int unit = -1;
     bool open = false, pending_fold = false;
-    Request req;
+    std::vector<Request> reqs;
   };
 
-  // Part of [lo, hi) owned by shard r, as a flat range.
-  std::pair<std::int64_t, std::int64_t> overlap(std::int64_t lo, std::int64_t hi, int r) const {
-    const std::int64_t S = dp_.sizes_.shard;
-    const std::int64_t a = std::max(lo, r * S), b = std::min(hi, (r + 1) * S);
-    return {a, std::max(a, b)};
+  K::Vec<T> owned_(const TrackedView<T>& whole, const TrackedView<T>& apart) const {
+    if (apart.size() > 0) return apart.view();
+    const auto& sp = map_.spaces[0];
+    return slice(whole.view(), sp.r * sp.shard, (sp.r + 1) * sp.shard);
   }
 
-  // How many elements of unit u each shard holds (the reduce-scatter and all-gather counts).
-  std::vector<int> shard_counts(const Unit& u) const {
-    std::vector<int> counts(std::size_t(dp_.D_));
-    for (int r = 0; r < dp_.D_; ++r) {
-      const auto [a, b] = overlap(u.lo, u.hi, r);
-      counts[std::size_t(r)] = int(b - a);
-    }
-    return counts;
+  Comm& group(const ShardMap::Run& run) const {
+    return run.space == 0 ? dp_.group_ : *dp_.experts_;
+  }
+
+  // A bucket is all-reduced run by run: expert runs over the expert-grad group.
+  void launch(Bucket& b) {
+    map_.for_each_run(b.lo, b.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t e) {
+      b.reqs.push_back(group(run).all_reduce_sum(grads_.data() + a, std::size_t(e - a)));
+    });
+    b.launched = true;
   }
 
   // All-gather unit `unit` from the shards into window w (not waited).
   void gather(Window& w, int unit) {
-    w.req.wait();
+    wait_all(w.reqs);
     const Unit& u = units_[std::size_t(unit)];
-    const std::int64_t mine = overlap(u.lo, u.hi, dp_.r_).first - dp_.r_ * dp_.sizes_.shard;
-    w.req = dp_.group_.all_gather(params_.data() + mine, w.buf.data(), shard_counts(u));
+    gather_range(w.buf.data(), u.lo, u.hi, w.reqs);
     w.unit = unit;
   }
 
@@ -312,33 +390,34 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
                     ", windows hold ", param_slots_[0].unit, " and ", param_slots_[1].unit));
   }
 
-  // Waits for window w's reduce-scatter and adds the received piece into the shard.
+  // Waits for window w's reduce-scatters and adds the received parts into the shard.
   void fold(Window& w) {
     if (!w.pending_fold) return;
-    const double bytes =
-        double(units_[std::size_t(w.unit)].hi - units_[std::size_t(w.unit)].lo) * sizeof(T);
-    total_bytes_ += bytes;
-    if (w.req.test()) done_early_bytes_ += bytes;
-    w.req.wait();
     const Unit& u = units_[std::size_t(w.unit)];
-    const auto [a, b] = overlap(u.lo, u.hi, dp_.r_);
-    if (b > a) {
-      auto dst = slice(grads_.view(), a - dp_.r_ * dp_.sizes_.shard, b - dp_.r_ * dp_.sizes_.shard);
-      K::axpy<T>(dst, T(1), slice(w.recv.view(), 0, b - a));
-    }
+    const double bytes = double(u.hi - u.lo) * sizeof(T);
+    total_bytes_ += bytes;
+    if (test_all(w.reqs)) done_early_bytes_ += bytes;
+    wait_all(w.reqs);
+    map_.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
+      const ShardMap::Cut c = map_.cut(run, a, b);
+      if (c.mine > 0)
+        K::axpy<T>(slice(owned_grads_.view(), c.at, c.at + c.mine), T(1),
+                   slice(w.recv.view(), a - u.lo, a - u.lo + c.mine));
+    });
     w.pending_fold = false;
   }
 
   // Lets MPI advance the collectives in flight (no progress thread in Open MPI).
   void progress() {
     for (auto& b : buckets_)
-      if (b.launched && !b.finished_early && test(b)) b.finished_early = true;
-    if (grad_emb_.pending_fold) grad_emb_.req.test();
+      if (b.launched && !b.finished_early && test_all(b.reqs)) b.finished_early = true;
+    if (grad_emb_.pending_fold) test_all(grad_emb_.reqs);
     for (auto& w : grad_slots_)
-      if (w.pending_fold) w.req.test();
+      if (w.pending_fold) test_all(w.reqs);
   }
 
   DataParallel& dp_;
+  const ShardMap& map_;
   std::vector<Unit> units_;
   std::vector<Bucket> buckets_;
   bool last_micro_ = true;
@@ -359,16 +438,16 @@ DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::Ch
       layout_(layout),
       dims_(model::dims_of(config)),
       zero_(int(config.parallel.zero)),
-      D_(group.size()),
-      r_(group.rank()) {
-  sizes_ = data_parallel_sizes(layout, D_, zero_, config.parallel.bucket_mb, sizeof(T));
-  PTRAIN_REQUIRE(!experts_ || zero_ == 0, "data parallel: experts split over ep need ZeRO 0");
+      map_(layout, group.size(), group.rank(), experts_ ? experts_->size() : 0,
+           experts_ ? experts_->rank() : 0) {
+  sizes_ = data_parallel_sizes(layout, group.size(), zero_, config.parallel.bucket_mb, sizeof(T),
+                               experts_ ? experts_->size() : 0);
   if (zero_ == 0) {
-    update_lo_ = 0;
-    update_hi_ = sizes_.numel;
+    update_pieces_ = {{0, sizes_.numel, 0}};
+    update_size_ = sizes_.numel;
   } else {
-    update_lo_ = std::min(sizes_.numel, r_ * sizes_.shard);
-    update_hi_ = std::min(sizes_.numel, (r_ + 1) * sizes_.shard);
+    update_pieces_ = map_.owned;
+    update_size_ = map_.owned_end;
   }
   store_ = std::make_unique<Store>(*this, layout);
 }
@@ -383,44 +462,60 @@ model::ParamStore<T>* DataParallel<T>::store() {
 
 template <class T>
 K::Vec<T> DataParallel<T>::update_params() {
-  if (zero_ <= 2) return slice(store_->params_.view(), update_lo_, update_hi_);
-  return slice(store_->params_.view(), 0, update_hi_ - update_lo_);
+  return slice(zero_ == 0 ? store_->params_.view() : store_->owned_params(), 0, update_size_);
 }
 
 template <class T>
 K::Vec<T> DataParallel<T>::update_grads() {
-  if (zero_ <= 1) return slice(store_->grads_.view(), update_lo_, update_hi_);
-  return slice(store_->grads_.view(), 0, update_hi_ - update_lo_);
+  return slice(zero_ == 0 ? store_->grads_.view() : store_->owned_grads(), 0, update_size_);
 }
 
 template <class T>
 void DataParallel<T>::init_weights(std::uint64_t seed) {
-  const std::int64_t lo = zero_ <= 2 ? 0 : r_ * sizes_.shard;
-  model::init_range(layout_, dims_, seed, store_->params_.view(), lo);
+  if (zero_ <= 2) {
+    model::init_range(layout_, dims_, seed, store_->params_.view(), 0);
+    store_->pack_params();
+  } else {
+    for (const auto& p : map_.owned)
+      model::init_range(layout_, dims_, seed,
+                        slice(store_->owned_params_.view(), p.at, p.at + p.hi - p.lo), p.lo);
+  }
   store_->invalidate_params();
 }
 
 template <class T>
 void DataParallel<T>::set_weights(const T* whole) {
-  const std::int64_t lo = zero_ <= 2 ? 0 : r_ * sizes_.shard;
-  const std::int64_t n = std::int64_t(store_->params_.size());
-  auto host = Kokkos::create_mirror_view(store_->params_.view());
-  for (std::int64_t i = 0; i < n; ++i) host(i) = lo + i < sizes_.numel ? whole[lo + i] : T(0);
-  Kokkos::deep_copy(store_->params_.view(), host);
+  if (zero_ <= 2) {
+    const std::int64_t n = std::int64_t(store_->params_.size());
+    auto host = Kokkos::create_mirror_view(store_->params_.view());
+    for (std::int64_t i = 0; i < n; ++i) host(i) = i < sizes_.numel ? whole[i] : T(0);
+    Kokkos::deep_copy(store_->params_.view(), host);
+    store_->pack_params();
+  } else {
+    auto host = Kokkos::create_mirror_view(store_->owned_params_.view());
+    Kokkos::deep_copy(host, T(0));
+    for (const auto& p : map_.owned)
+      for (std::int64_t i = p.lo; i < p.hi; ++i) host(p.at + i - p.lo) = whole[i];
+    Kokkos::deep_copy(store_->owned_params_.view(), host);
+  }
   store_->invalidate_params();
 }
 
 template <class T>
 std::vector<T> DataParallel<T>::gather_weights() {
-  std::vector<T> whole(std::size_t(sizes_.shard * D_));
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), store_->params_.view());
+  std::vector<T> whole(std::size_t(sizes_.numel));
   if (zero_ <= 2) {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), store_->params_.view());
     std::copy(host.data(), host.data() + whole.size(), whole.begin());
   } else {
-    std::vector<int> counts(std::size_t(D_), int(sizes_.shard));
-    group_.all_gather(host.data(), whole.data(), counts).wait();
+    // A transient whole copy (weights files only), gathered run by run.
+    Kokkos::View<T*> all("ptrain::gather_weights", whole.size());
+    std::vector<Request> reqs;
+    store_->gather_range(all.data(), 0, sizes_.numel, reqs);
+    wait_all(reqs);
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
+    std::copy(host.data(), host.data() + whole.size(), whole.begin());
   }
-  whole.resize(std::size_t(sizes_.numel));
   return whole;
 }
 
@@ -442,18 +537,15 @@ void DataParallel<T>::finish_gradients() {
 template <class T>
 template <class F>
 void DataParallel<T>::for_each_owned_grad(F&& f) {
-  const std::int64_t S = sizes_.shard;
-  const std::int64_t lo = std::min(sizes_.numel, r_ * S), hi = std::min(sizes_.numel, (r_ + 1) * S);
-  const std::int64_t base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
-  // Split experts (ZeRO 0): each is whole on its expert-grad group, which owns it in shards.
-  const std::int64_t Sx = experts_ ? (sizes_.numel + experts_->size() - 1) / experts_->size() : 0,
-                     rx = experts_ ? experts_->rank() : 0;
-  for (std::size_t i = 0; i < layout_.tensors.size(); ++i) {
-    const auto& t = layout_.tensors[i];
-    const bool x = experts_ && t.expert;
-    const std::int64_t a = std::max(x ? rx * Sx : lo, t.offset),
-                       b = std::min(x ? (rx + 1) * Sx : hi, t.offset + t.numel);
-    if (a < b) f(int(i), t, slice(store_->grads_.view(), a - base, b - base));
+  // The shards this rank owns (under ZeRO 0 too: the norm is summed shard by shard), read
+  // from the whole gradients under ZeRO 0 and from the owned storage otherwise.
+  for (const auto& p : map_.owned) {
+    const K::Vec<T> g = grads_of(p, p.lo, p.hi);
+    for (std::size_t i = 0; i < layout_.tensors.size(); ++i) {
+      const auto& t = layout_.tensors[i];
+      const std::int64_t a = std::max(p.lo, t.offset), b = std::min(p.hi, t.offset + t.numel);
+      if (a < b) f(int(i), t, slice(g, a - p.lo, b - p.lo));
+    }
   }
 }
 
@@ -488,20 +580,25 @@ void DataParallel<T>::sum_tied_embedding(Comm& ends) {
   // Allocated at the first step and kept: it is needed every step.
   if (tied_sum_.size() != std::size_t(wte->numel))
     tied_sum_ = TrackedView<T>(MemCategory::comm, "ptrain::tied_wte", std::size_t(wte->numel));
-  TrackedView<T>& whole = tied_sum_;
-  K::fill(whole.view(), T(0));
-  const std::int64_t S = sizes_.shard, base = zero_ <= 1 ? 0 : r_ * S;  // flat index of grads_[0]
-  const std::int64_t lo = std::max(wte->offset, r_ * S),
-                     hi = std::min(wte->offset + wte->numel, (r_ + 1) * S);
-  auto grads = store_->grads_.view();
-  if (lo < hi)
-    K::copy<T>(slice(whole.view(), lo - wte->offset, hi - wte->offset), slice(grads, lo - base, hi - base));
+  auto whole = tied_sum_.view();
+  K::fill(whole, T(0));
+  const std::int64_t lo = wte->offset, hi = wte->offset + wte->numel;
+  for (const auto& p : map_.owned) {
+    const std::int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
+    if (a < b) K::copy<T>(slice(whole, a - lo, b - lo), grads_of(p, a, b));
+  }
   ends.all_reduce_sum(whole.data(), std::size_t(wte->numel)).wait();
   // What this rank updates: all of wte under ZeRO 0, its shard otherwise.
-  const std::int64_t a = std::max(wte->offset, update_lo_),
-                     b = std::min(wte->offset + wte->numel, update_hi_);
-  if (a < b)
-    K::copy<T>(slice(grads, a - base, b - base), slice(whole.view(), a - wte->offset, b - wte->offset));
+  for (const auto& p : update_pieces_) {
+    const std::int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
+    if (a < b) K::copy<T>(grads_of(p, a, b), slice(whole, a - lo, b - lo));
+  }
+}
+
+template <class T>
+K::Vec<T> DataParallel<T>::grads_of(const Piece& p, std::int64_t a, std::int64_t b) {
+  if (zero_ == 0) return slice(store_->grads_.view(), a, b);
+  return slice(store_->owned_grads(), p.at + (a - p.lo), p.at + (b - p.lo));
 }
 
 template <class T>
@@ -516,11 +613,7 @@ int DataParallel<T>::first_nonfinite_grad() {
 template <class T>
 void DataParallel<T>::finish_step() {
   store_->invalidate_params();
-  if (zero_ == 1 || zero_ == 2) {
-    std::vector<int> counts(std::size_t(D_), int(sizes_.shard));
-    T* full = store_->params_.data();
-    group_.all_gather(full + r_ * sizes_.shard, full, counts).wait();
-  }
+  if (zero_ == 1 || zero_ == 2) store_->gather_whole_params();
 }
 
 template class DataParallel<float>;

@@ -1,12 +1,14 @@
 // parallel/data_parallel.hpp — data parallelism and ZeRO over the dense-grad group
-// (ARCHITECTURE.md section 5). The flat buffer of N elements is padded to D*S and split in
-// D equal shards, rank r owning [r*S, (r+1)*S).
+// (ARCHITECTURE.md section 5). The flat buffer of N elements is split in D equal shards,
+// rank r owning [r*S, (r+1)*S); with experts split over ep, the expert tensors are sharded
+// separately over the expert-grad group (ShardMap) and "shard" means both parts.
 //
 //   ZeRO 0  whole params and grads; buckets of the gradient buffer (bucket_mb, in reverse
 //           layer order) are all-reduced as soon as the backward of the last micro-batch
 //           has completed them, overlapping the rest of the backward; every rank updates all.
 //   ZeRO 1  as 0, but each rank updates only its shard (optimizer state 1/D), then the
-//           parameters are all-gathered.
+//           parameters are all-gathered. With split experts the shard is not one flat
+//           range: its parameters and gradients are kept packed beside the whole buffers.
 //   ZeRO 2  whole params; gradients only as this rank's shard: each unit's gradients go to
 //           a transient window that is reduce-scattered into the shard after every
 //           micro-batch; update the shard; all-gather the parameters.
@@ -15,6 +17,7 @@
 // The embedding unit (wte, wpe) serves the tied LM head as well, so under ZeRO 3 its
 // gathered copy is kept for the whole step (gathered once per step, not per micro-batch).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -22,23 +25,73 @@
 #include "comm/comm.hpp"
 #include "deck/config.hpp"
 #include "kernels/view.hpp"
-#include "model/stage.hpp"
 #include "model/layout.hpp"
+#include "model/stage.hpp"
 #include "util/memory.hpp"
 
 namespace ptrain::parallel {
 
+// How a chunk's flat buffer is reduced and sharded. It divides into index spaces, each over
+// its own group: the dense tensors over the dense-grad group and, when experts are split over
+// ep, the expert tensors over the expert-grad group (d, c), which is smaller. A space numbers
+// its elements in flat order and is cut in D equal shards of S = ceil(N / D); a rank's owned
+// storage holds its shard of every space back to back (dense first). Without split experts
+// there is one space and one run, and the owned storage is the classic flat shard.
+struct ShardMap {
+  struct Space {
+    int D = 1, r = 0;                   // group size, this rank's index in it
+    std::int64_t numel = 0, shard = 0;  // N and S
+    std::int64_t at = 0;                // where its shard starts in the owned storage
+  };
+  // Flat [lo, hi) is elements [space_lo, space_lo + hi - lo) of one space.
+  struct Run {
+    std::int64_t lo = 0, hi = 0, space_lo = 0;
+    int space = 0;
+  };
+  // Flat [lo, hi) that this rank owns, at `at` in its owned storage.
+  struct Piece {
+    std::int64_t lo = 0, hi = 0, at = 0;
+  };
+  // The shards of part [a, b) of a run: counts per rank of its space (the reduce-scatter and
+  // all-gather counts) and this rank's own part, flat [mine_lo, + mine) at `at`.
+  struct Cut {
+    std::vector<int> counts;
+    std::int64_t mine_lo = 0, mine = 0, at = 0;
+  };
+  std::vector<Space> spaces;
+  std::vector<Run> runs;
+  std::vector<Piece> owned;    // in owned-storage order
+  std::int64_t storage = 0;    // elements of the owned storage (sum of the shards)
+  std::int64_t owned_end = 0;  // one past the last owned element in it
+
+  ShardMap() = default;
+  // D, r: the dense-grad group; Dx, rx: the expert-grad group (Dx = 0: experts not split).
+  ShardMap(const model::ChunkLayout& layout, int D, int r, int Dx, int rx);
+  Cut cut(const Run& run, std::int64_t a, std::int64_t b) const;
+  // f(run, a, b) for the part [a, b) of every run inside flat [lo, hi), in flat order.
+  template <class F>
+  void for_each_run(std::int64_t lo, std::int64_t hi, F&& f) const {
+    for (const Run& run : runs) {
+      const std::int64_t a = std::max(lo, run.lo), b = std::min(hi, run.hi);
+      if (a < b) f(run, a, b);
+    }
+  }
+  bool split() const { return spaces.size() > 1; }
+};
+
 // Elements each rank allocates per category for a chunk under a ZeRO stage: the one
-// source of both the real buffers and `ptrain --plan`.
+// source of both the real buffers and `ptrain --plan`. `expert_group` is the expert-grad
+// group's size when experts are split over ep (0 otherwise).
 struct DataParallelSizes {
   std::int64_t numel = 0;                                   // N, the chunk's flat size
-  std::int64_t shard = 0;                                   // S = ceil(N / D)
+  std::int64_t shard = 0;                                   // owned storage (S without ep)
   std::int64_t params = 0, grads = 0, optimizer_range = 0;  // elements
   std::int64_t comm = 0;    // gradient/parameter windows and receive buffers
   std::int64_t bucket = 0;  // ZeRO 0/1 all-reduce bucket, elements
 };
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
-                                      double bucket_mb, std::size_t element_bytes);
+                                      double bucket_mb, std::size_t element_bytes,
+                                      int expert_group = 0);
 
 template <class T>
 class DataParallel {
@@ -46,7 +99,7 @@ class DataParallel {
   // `tp` (may be null) is the tensor-parallel group: the gradient norm adds the shards of
   // tp-split tensors over it and counts tp-replicated ones once. `experts` (may be null) is
   // the expert-grad group (d, c): when it is smaller than `group` (experts split over ep),
-  // expert tensors are reduced over it instead (ZeRO 0 only, so far).
+  // expert tensors are reduced and sharded over it instead (see ShardMap).
   DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
                Comm* tp = nullptr, Comm* experts = nullptr);
   ~DataParallel();
@@ -56,10 +109,12 @@ class DataParallel {
   const model::ChunkLayout& layout() const { return layout_; }
   int zero() const { return zero_; }
 
-  // The range the optimizer updates: [0, N) under ZeRO 0, this rank's shard otherwise
-  // (clipped to N), with the views of parameters and gradients over it.
-  std::int64_t update_lo() const { return update_lo_; }
-  std::int64_t update_hi() const { return update_hi_; }
+  // What the optimizer updates: the whole chunk under ZeRO 0, this rank's owned storage
+  // otherwise; update_params() and update_grads() are update_size() long, and each piece
+  // says which flat elements lie where in them (ZeRO 0: one piece, [0, N) at 0).
+  using Piece = ShardMap::Piece;
+  const std::vector<Piece>& update_pieces() const { return update_pieces_; }
+  std::int64_t update_size() const { return update_size_; }
   kernels::Vec<T> update_params();
   kernels::Vec<T> update_grads();
 
@@ -88,7 +143,7 @@ class DataParallel {
   // Index in layout().tensors of the first tensor with a NaN or infinite gradient in the
   // range this rank owns, or -1 (local: no communication).
   int first_nonfinite_grad();
-  void finish_step();                 // ZeRO 1/2: all-gather the updated parameters
+  void finish_step();  // ZeRO 1/2: all-gather the updated parameters
 
   // Fraction of the gradient bytes whose reduction completed before finish_gradients
   // had to wait (1 = fully overlapped with the backward); for the step just done.
@@ -99,15 +154,19 @@ class DataParallel {
   // f(index in layout_.tensors, spec, gradients of its part in this rank's owned range).
   template <class F>
   void for_each_owned_grad(F&& f);
-  bool split_experts() const { return experts_ != nullptr; }
+  // Gradients of flat [a, b) inside piece p (of the owned shards or of the update): the
+  // whole buffer under ZeRO 0, the owned storage otherwise.
+  kernels::Vec<T> grads_of(const Piece& p, std::int64_t a, std::int64_t b);
   Comm& group_;
   Comm* tp_ = nullptr;
   Comm* experts_ = nullptr;
   model::ChunkLayout layout_;
   model::Dims dims_;
-  int zero_ = 0, D_ = 1, r_ = 0;
+  int zero_ = 0;
+  ShardMap map_;
   DataParallelSizes sizes_;
-  std::int64_t update_lo_ = 0, update_hi_ = 0;
+  std::vector<Piece> update_pieces_;
+  std::int64_t update_size_ = 0;
   std::unique_ptr<Store> store_;
   TrackedView<T> tied_sum_;  // sum_tied_embedding's buffer (only on a chunk with tied wte)
   double overlap_ = 1.0;

@@ -118,7 +118,8 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
   const double moments = config.train.optimizer == "adamw" ? 2.0 : 0.0;
   for (const auto& ch : chunks) {
     const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
-                                       config.parallel.bucket_mb, std::size_t(w));
+                                       config.parallel.bucket_mb, std::size_t(w),
+                                       config.parallel.ep > 1 ? expert_grad_size(config) : 0);
     est.bytes[idx(MemCategory::params)] += double(z.params) * w;
     est.bytes[idx(MemCategory::grads)] += double(z.grads) * w;
     est.bytes[idx(MemCategory::optimizer)] +=
@@ -126,9 +127,11 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
     est.bytes[idx(MemCategory::comm)] += double(z.comm) * w;
   }
   // The experts' part of it: every expert element has its parameter, gradient and optimizer
-  // state here, or (ZeRO) its share of the dense-grad group's shards.
+  // state here, or (ZeRO) its share of the shards of the group it is reduced over (the
+  // expert-grad group when experts are split over ep).
   const int zero = int(config.parallel.zero);
-  const double D = double(dense_grad_size(config)), experts = double(est.expert_params);
+  const double D = double(config.parallel.ep > 1 ? expert_grad_size(config) : dense_grad_size(config)),
+               experts = double(est.expert_params);
   est.expert_param_bytes = experts * w / (zero >= 3 ? D : 1.0);
   est.expert_grad_bytes = experts * w / (zero >= 2 ? D : 1.0);
   est.expert_optimizer_bytes =
@@ -503,7 +506,10 @@ std::string memory_section(const Config& config, const Layout& layout) {
         line(row);
       }
   line(cat("  (ZeRO ", par.zero, " over the dense-grad group of ", dense_grad_size(config),
-           " ranks; activations for ",
+           " ranks",
+           par.ep > 1 ? cat(", the experts over the expert-grad group of ", expert_grad_size(config))
+                      : std::string(),
+           "; activations for ",
            par.pp == 1 ? std::string("1 micro-batch")
                        : cat("the micro-batches in flight under ", par.pp_schedule),
            par.cp > 1 ? cat("; workspace includes ring attention's backward buffers, ",

@@ -69,6 +69,11 @@ std::string keep_rows_before(const std::string& path, std::int64_t first_step) {
   return header;
 }
 
+// log.csv column of one MoE layer's statistic: "moe_h3_max".
+std::string moe_column(std::int64_t layer, const char* what) {
+  return cat("moe_h", layer, "_", what);
+}
+
 }  // namespace
 
 RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
@@ -87,8 +92,14 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
               "t_optimizer", "eta_s",  "skipped"};
   if (config.parallel.pp > 1)
     columns_.insert(columns_.end(), {"bubble", "bubble_model", "bubble_theory"});
-  if (config.model.n_expert > 0)
+  if (config.model.n_expert > 0) {
     columns_.insert(columns_.end(), {"aux_loss", "moe_dropped", "moe_load_min", "moe_load_max"});
+    const model::Dims d = model::dims_of(config);
+    for (std::int64_t l = 0; l < d.L; ++l)
+      if (d.is_moe_layer(l))
+        for (const char* x : {"min", "mean", "max", "dropped"})
+          columns_.push_back(moe_column(l, x));
+  }
   for (std::size_t i : groups_) {
     const std::string g = column_stem(traffic_[i].group);
     columns_.insert(columns_.end(), {"bytes_" + g, "exposed_" + g + "_s"});
@@ -139,6 +150,16 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
       {"moe_dropped", fixed("%.6f", r.moe_dropped)},
       {"moe_load_min", fixed("%.4f", r.moe_load_min)},
       {"moe_load_max", fixed("%.4f", r.moe_load_max)}};
+  std::string moe_text;
+  for (const auto& m : r.moe_layers) {
+    cell[moe_column(m.layer, "min")] = fixed("%.0f", m.min);
+    cell[moe_column(m.layer, "mean")] = fixed("%.2f", m.mean);
+    cell[moe_column(m.layer, "max")] = fixed("%.0f", m.max);
+    cell[moe_column(m.layer, "dropped")] = fixed("%.6f", m.dropped);
+    moe_text += cat(moe_text.empty() ? "" : ", ", "h.", m.layer, " ", fixed("%.0f", m.min), "/",
+                    fixed("%.1f", m.mean), "/", fixed("%.0f", m.max),
+                    m.dropped > 0 ? fixed(" (%.1f%% dropped)", 100 * m.dropped) : "");
+  }
   std::string comm_text;
   for (std::size_t i : groups_) {
     const GroupTraffic& t = traffic_[i];
@@ -176,6 +197,9 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
                     : std::string(),
                 " | ETA ", format_duration(eta),
                 r.skipped ? " | SKIPPED: not finite, update dropped (train%nonfinite)" : ""));
+  if (!moe_text.empty())
+    log::info(cat("step ", fixed("%5.0f", double(r.step)), " | expert loads min/mean/max tokens: ",
+                  moe_text));
 }
 
 std::string bench_report(double step_seconds, std::int64_t steps) {

@@ -33,10 +33,22 @@ model::ShardCoord shard_coord(const Config& config, const Grid& grid) {
   return c;
 }
 
-std::vector<optim::Segment> decay_segments(const model::ChunkLayout& layout) {
-  std::vector<optim::Segment> segs;
-  for (const auto& t : layout.tensors)
-    segs.push_back({std::size_t(t.offset), std::size_t(t.offset + t.numel), t.weight_decay});
+// Which elements of what the optimizer updates decay: the layout's tensors through the
+// update pieces; the gaps between pieces (shard padding, zero) do not.
+template <class T>
+std::vector<optim::Segment> decay_segments(const DataParallel<T>& dp) {
+  std::vector<optim::Segment> flat, segs;
+  for (const auto& t : dp.layout().tensors)
+    flat.push_back({std::size_t(t.offset), std::size_t(t.offset + t.numel), t.weight_decay});
+  std::size_t at = 0;
+  for (const auto& p : dp.update_pieces()) {
+    if (std::size_t(p.at) > at) segs.push_back({at, std::size_t(p.at), false});
+    for (auto s : optim::shard_segments(flat, std::size_t(p.lo), std::size_t(p.hi)))
+      segs.push_back({s.begin + std::size_t(p.at), s.end + std::size_t(p.at), s.decay});
+    at = std::size_t(p.at + p.hi - p.lo);
+  }
+  if (std::size_t(dp.update_size()) > at)
+    segs.push_back({at, std::size_t(dp.update_size()), false});
   return segs;
 }
 
@@ -46,10 +58,6 @@ void check_supported(const Config& c, int world_size) {
   auto no = [](bool asked, const char* what) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
-  no(c.parallel.ep > 1 && c.parallel.zero > 0,
-     "parallel%ep > 1 with parallel%zero > 0 (experts split over ep train with ZeRO 0: their "
-     "gradients reduce over the expert-grad group, and ZeRO's shards of the two groups' "
-     "buffers are not separated yet)");
   (void)world_size;
 #ifndef PTRAIN_ENABLE_CUDA
   // What this build can run, not what the deck means: `--plan` plans a GPU deck anywhere.
@@ -93,9 +101,9 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
     const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
     ch.stage = std::make_unique<model::Stage<T>>(config, coord, ch.dp->layout(), mb, slots,
                                                  ch.dp->store(), &tp_, &cp_, &ep_);
-    ch.optimizer = optim::make_optimizer<T>(
-        config.train.optimizer, decay_segments(layout), std::size_t(ch.dp->update_lo()),
-        std::size_t(ch.dp->update_hi()), optim::hyper_from_config(config));
+    ch.optimizer = optim::make_optimizer<T>(config.train.optimizer, decay_segments(*ch.dp), 0,
+                                            std::size_t(ch.dp->update_size()),
+                                            optim::hyper_from_config(config));
     executed.push_back({ch.stage.get(), ch.dp.get()});
     chunks_.push_back(std::move(ch));
   }
@@ -163,8 +171,9 @@ std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
 }
 
 // The MoE layers' step, over every rank: the load-balancing loss (mean over the global
-// batch's micro-batches, summed over layers), the share of token choices dropped, and the
-// least and most loaded expert of any layer relative to that layer's mean load.
+// batch's micro-batches, summed over layers), the share of token choices dropped, the
+// least and most loaded expert of any layer relative to that layer's mean load, and each
+// layer's loads.
 template <class T>
 void Trainer<T>::moe_summary(StepResult& r) {
   const std::int64_t L = config_.model.n_layer, E = config_.model.n_expert;
@@ -193,11 +202,17 @@ void Trainer<T>::moe_summary(StepResult& r) {
     if (x[2] == 0) continue;  // a dense block
     aux += x[0], dropped += x[1], choices += x[2];
     double kept = 0;
-    for (std::int64_t e = 0; e < E; ++e) kept += x[3 + e];
+    StepResult::MoeLayer layer{l, x[3], 0, x[3], x[1] / x[2]};
+    for (std::int64_t e = 0; e < E; ++e) {
+      kept += x[3 + e];
+      layer.min = std::min(layer.min, x[3 + e]), layer.max = std::max(layer.max, x[3 + e]);
+    }
     const double mean = kept / double(E);
-    for (std::int64_t e = 0; e < E && mean > 0; ++e) {
-      const double ratio = x[3 + e] / mean;
-      lo = first ? ratio : std::min(lo, ratio), hi = first ? ratio : std::max(hi, ratio);
+    layer.mean = mean;
+    r.moe_layers.push_back(layer);
+    if (mean > 0) {
+      lo = first ? layer.min / mean : std::min(lo, layer.min / mean);
+      hi = first ? layer.max / mean : std::max(hi, layer.max / mean);
       first = false;
     }
   }

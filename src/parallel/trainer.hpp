@@ -39,11 +39,17 @@ struct StepResult {
   // in `loss`), the share of token choices dropped at capacity, and the least and most
   // loaded expert of any MoE layer relative to that layer's mean load (1 = even).
   double aux_loss = 0, moe_dropped = 0, moe_load_min = 0, moe_load_max = 0;
+  // Per MoE layer, in layer order: token choices the least, average and most loaded expert
+  // took in this step's global batch (after capacity), and the share dropped at capacity.
+  struct MoeLayer {
+    std::int64_t layer = 0;
+    double min = 0, mean = 0, max = 0, dropped = 0;
+  };
+  std::vector<MoeLayer> moe_layers;
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
-// cannot train yet: recomputation, a device other than the CPU, bf16 (and expert
-// parallelism with ZeRO > 0).
+// cannot train yet: a device other than the CPU, bf16.
 void check_supported(const Config& config, int world_size);
 
 template <class T>
