@@ -4,6 +4,8 @@
 //     --set group%key=value   override a deck key (repeatable)
 //     --plan                  validate and print the plan (grid, memory, traffic), no training
 //     --world N               plan for N ranks (no mpirun needed); with --ranks-per-node K
+//     --memory SIZE           memory per rank the fit is judged against (plan and run)
+//     --bandwidth RATE        bytes/s per rank for ranking --plan's advice
 //     --bench                 time training steps against a measured sgemm peak
 //     --help-deck             the deck reference (Markdown)
 //     --version, --help
@@ -56,6 +58,9 @@ const char* kUsage =
     "  --plan                  validate the deck and print the plan; no training\n"
     "  --world N               plan for N ranks without mpirun (with --plan)\n"
     "  --ranks-per-node K      ranks per node for --world (default 1)\n"
+    "  --memory SIZE           memory per rank, e.g. 80GiB (default: the node's memory / ranks\n"
+    "                          per node); --plan says what fits, a run that would not fit stops\n"
+    "  --bandwidth RATE        bytes/s a rank sends at, e.g. 25GB/s: ranks --plan's advice\n"
     "  --bench                 time training steps against a measured sgemm peak\n"
     "  --help-deck             print the deck reference (Markdown)\n"
     "  --version               print the version\n"
@@ -66,6 +71,7 @@ struct Options {
   std::vector<std::string> overrides;
   bool plan = false, bench = false, help = false, help_deck = false, version = false;
   int world = 0, ranks_per_node = 0;
+  double memory = 0, bandwidth = 0;  // --memory, --bandwidth (0: not given)
 };
 
 int parse_count(const std::string& flag, const char* text) {
@@ -95,7 +101,15 @@ Options parse_args(int argc, char** argv) {
       o.bench = true;
     else if (a == "--world")
       o.world = parse_count(a, value());
-    else if (a == "--ranks-per-node")
+    else if (a == "--memory" || a == "--bandwidth") {
+      const char* text = value();
+      const auto bytes = parse_bytes(text);
+      if (!bytes)
+        throw Error(cat("ptrain: ", a, " expects a size such as 80GiB, 512MiB, 1.5TB or bytes",
+                        a == "--bandwidth" ? " per second (25GB/s)" : "", ", got '", text, "'"),
+                    kExitInput);
+      (a == "--memory" ? o.memory : o.bandwidth) = *bytes;
+    } else if (a == "--ranks-per-node")
       o.ranks_per_node = parse_count(a, value());
     else if (a == "--help" || a == "-h")
       o.help = true;
@@ -127,13 +141,13 @@ int run_plan(const Options& o, int world_rank, int world_size) {
     deck::validate(config, o.world);
     Layout layout(GridShape::from_config(config), o.world, o.ranks_per_node ? o.ranks_per_node : 1);
     layout.check_topology(config.parallel.strict_topology);
-    std::fputs(parallel::plan_report(config, layout).c_str(), stdout);
+    std::fputs(parallel::plan_report(config, layout, {o.memory, o.bandwidth}).c_str(), stdout);
     return kExitOk;
   }
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
-  log::info(parallel::plan_report(config, grid.layout()));
+  log::info(parallel::plan_report(config, grid.layout(), {o.memory, o.bandwidth}));
   return kExitOk;
 }
 
@@ -176,6 +190,7 @@ template <class T>
 int train(const Config& config, const Grid& grid, bool bench) {
   const int world = grid.world_size();
   const double peak = peak_gflops(config, grid, bench);
+  memory::reset_peaks();  // the sgemm probe's buffers are gone: the peaks are the run's
   parallel::Trainer<T> trainer(config, grid);
   log_model_and_data(config, trainer);
 
@@ -239,18 +254,36 @@ int train(const Config& config, const Grid& grid, bool bench) {
                 "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
                 " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
                 " of peak (steps after the first)"));
-  {
+  {  // rank 0's measured peaks beside --plan's prediction for its shard
     const MemoryStats m = memory::stats();
+    const parallel::MemoryEstimate plan =
+        parallel::estimate_memory(config, parallel::plan_shard(config, 0, 0, 0));
     std::string parts;
-    for (int c = 0; c < int(MemCategory::count); ++c)
-      parts += cat(c ? ", " : "", to_string(MemCategory(c)), " ", format_bytes(double(m.peak[std::size_t(c)])));
-    log::info(cat("memory: peak ", format_bytes(double(m.total_peak)), " on rank 0 (by category, each at its own peak: ",
-                  parts, ")"));
+    for (std::size_t c = 0; c < std::size_t(MemCategory::count); ++c)
+      parts += cat(c ? ", " : "", to_string(MemCategory(c)), " ", format_bytes(double(m.peak[c])),
+                   " (plan ", format_bytes(plan.bytes[c]), ")");
+    log::info(cat("memory: peak ", format_bytes(double(m.total_peak)),
+                  " on rank 0 (by category, each at its own peak: ", parts, "); plan total ",
+                  format_bytes(plan.total()), " (the categories' peaks summed)"));
   }
   if (bench)
     log::info(
         parallel::bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
   return kExitOk;
+}
+
+// The plan's verdict before anything is allocated: every shard against the memory a rank has
+// (--memory, or this node's memory over the ranks on it; the least over the nodes, so every
+// rank judges alike). A deck that does not fit stops here on every rank, exit 2, with the
+// changes that would make it fit.
+void check_fits(const Config& config, const Grid& grid, const Options& o) {
+  int ranks_here = 0;
+  MPI_Comm_size(grid.node_comm(), &ranks_here);
+  parallel::MemoryBudget budget =
+      parallel::memory_budget(config, {o.memory, o.bandwidth}, ranks_here);
+  MPI_Allreduce(MPI_IN_PLACE, &budget.bytes, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  const std::string refusal = parallel::fit_refusal(config, grid.layout(), budget, o.bandwidth);
+  if (!refusal.empty()) throw Error(refusal, kExitInput);
 }
 
 int run(int argc, char** argv, int world_rank, int world_size) {
@@ -289,6 +322,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   parallel::check_supported(config, world_size);
+  check_fits(config, grid, o);  // before the trainer allocates anything
   return config.model.dtype == "fp64" ? train<double>(config, grid, o.bench)
                                       : train<float>(config, grid, o.bench);
 }

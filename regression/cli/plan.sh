@@ -40,6 +40,55 @@ grep -qF "8 experts (8 per ep rank), top 2, dropless (capacity_factor = 0), 2 of
 grep -qF "no all-to-all (ep = 1: every expert on every rank)" <<<"$out" || fail "ep = 1 all-to-all: $out"
 if "$PTRAIN" --plan "$deck" --world 1 | grep -q "mixture of experts"; then fail "MoE line for a dense deck"; fi
 
+# Will it fit (issue 15): the 13B example on its 8 ranks of 80 GiB fits under every recompute
+# level and ZeRO stage; at 32 GiB it does not, and each change the plan advises fits with the
+# figure it prints: the recompute x ZeRO table's cell where that is all it changes, and the
+# largest shard --plan gives for the deck with the change.
+b13="$PTRAIN_SOURCE_DIR/input/gpt-13b-8gpu.nml"
+cells() {  # cells PLAN-OUTPUT: "level zero bytes-with-unit verdict" for each table cell
+  sed -n '/^largest shard by train%recompute x parallel%zero/,/^$/p' <<<"$1" | awk '
+    $1 ~ /^(none|selective|full)$/ { n = 0; for (i = 2; i < NF; i += 3) { v = $i; sub(/^\*/, "", v); print $1, n++, v " " $(i + 1), $(i + 2) } }'
+}
+out=$("$PTRAIN" --plan "$b13" --world 8 --ranks-per-node 8 --memory 80GiB)
+grep -qF "memory per rank: 80.00 GiB (--memory); every shard fits (the largest, rank 0's: " <<<"$out" || fail "13B at 80 GiB: $out"
+table=$(cells "$out")
+[ "$(wc -l <<<"$table")" = 12 ] || fail "13B: not a 3 x 4 recompute x ZeRO table: $out"
+[ "$(grep -c " fits$" <<<"$table")" = 12 ] || fail "13B at 80 GiB: some recompute x ZeRO cell does not fit: $table"
+deck_cell=$(grep -oE '\*[0-9.]+ GiB' <<<"$out" | tr -d '*')
+grep -qF "every shard fits (the largest, rank 0's: $deck_cell)" <<<"$out" || fail "13B: the deck's cell ($deck_cell) is not the largest shard: $out"
+grep -qE "^  0 +0,0,0 .* fits: $deck_cell of 80.00 GiB$" <<<"$out" || fail "13B: rank 0's row: $out"
+# Every cell is what --plan gives for the deck with that recompute level and ZeRO stage.
+while read -r level zero num unit verdict; do
+  size="$num $unit"
+  one=$("$PTRAIN" --plan "$b13" --world 8 --ranks-per-node 8 --memory 80GiB \
+    --set train%recompute="'$level'" --set parallel%zero="$zero")
+  grep -qF "every shard fits (the largest, rank 0's: $size)" <<<"$one" || fail "13B cell $level/zero $zero ($size) differs from its plan"
+done < <(awk 'NR % 5 == 1' <<<"$table")  # a sample of the twelve
+out=$("$PTRAIN" --plan "$b13" --world 8 --ranks-per-node 8 --memory 32GiB)
+grep -qF "rank 0's shard DOES NOT FIT: $deck_cell > 32.00 GiB" <<<"$out" || fail "13B at 32 GiB: $out"
+table=$(cells "$out")
+grep -q "^none 2 .* over$" <<<"$table" || fail "13B at 32 GiB: the deck's cell fits? $table"
+grep -q "^full 3 .* fits$" <<<"$table" || fail "13B at 32 GiB: full recompute with ZeRO 3 does not fit? $table"
+advice=$(sed -n '/^changes that make every shard fit, cheapest first/,/^$/p' <<<"$out")
+n=$(grep -cE "^  [0-9]+\. --set " <<<"$advice") || fail "13B at 32 GiB: no advice: $out"
+while read -r sets; do
+  size=$(grep -A1 -F -- "$sets" <<<"$advice" | sed -nE 's/^ +largest shard ([0-9.]+ [KMGT]?i?B); .*/\1/p' | head -1)
+  [ -n "$size" ] || fail "13B advice without a figure: $sets"
+  awk -v s="${size% *}" -v u="${size#* }" 'BEGIN { exit !(u == "GiB" && s + 0 <= 32) }' || fail "13B advice over 32 GiB: $sets $size"
+  eval "args=($sets)"
+  one=$("$PTRAIN" --plan "$b13" --world 8 --ranks-per-node 8 --memory 32GiB "${args[@]}")
+  grep -qE "every shard fits \(the largest, rank [0-9]+'s: $size\)" <<<"$one" || fail "13B advice '$sets' ($size) differs from its plan: $one"
+  if ! grep -qvE "train%recompute|parallel%zero" <<<"$(tr ' ' '\n' <<<"$sets" | grep -v -- --set)"; then
+    level=$(sed -nE "s/.*train%recompute='([a-z]+)'.*/\1/p" <<<"$sets"); level=${level:-none}
+    zero=$(sed -nE 's/.*parallel%zero=([0-3]).*/\1/p' <<<"$sets"); zero=${zero:-2}
+    grep -qF "$level $zero $size fits" <<<"$table" || fail "13B advice '$sets' ($size) is not its table cell: $table"
+  fi
+done < <(sed -nE 's/^  [0-9]+\. (--set .*)/\1/p' <<<"$advice")
+# Without --memory a GPU deck's memory is unknown: the table, no verdict.
+out=$("$PTRAIN" --plan "$b13" --world 8 --ranks-per-node 8)
+grep -qF "memory per rank: unknown (backend%device = 'cuda': pass the GPU's memory as --memory" <<<"$out" || fail "13B without --memory: $out"
+if grep -qE "fits|DOES NOT FIT" <<<"$out"; then fail "13B without --memory: a verdict: $out"; fi
+
 # A tp group wider than a node: a warning, an error with strict_topology.
 "$PTRAIN" --plan "$deck" --world 16 --ranks-per-node 2 --set parallel%tp=4 --set train%micro_batch=2 2>"$tmp/err" >/dev/null
 grep -q "warning: .*tp" "$tmp/err" || fail "no topology warning: $(cat "$tmp/err")"

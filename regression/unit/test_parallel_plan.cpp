@@ -3,12 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 
 #include "deck/deck.hpp"
 #include "parallel/plan.hpp"
+#include "util/error.hpp"
 #include "util/memory.hpp"
 
 using namespace ptrain;
+using parallel::FitChange;
 
 namespace {
 Config gpt2_124m(const std::vector<std::string>& extra = {}) {
@@ -173,8 +177,16 @@ TEST(Plan, ContextParallelCutsActivationsAndAddsTheRingWorkspace) {
     const auto m = parallel::estimate_memory(c, sc);
     EXPECT_DOUBLE_EQ(m.bytes[kA] * cp, m1.bytes[kA]);  // every kept activation scales with S/C
     const auto act = model::activation_sizes(model::dims_of(c), sc, 2, 32 / cp, true);
-    EXPECT_DOUBLE_EQ(m.bytes[kW], double(act.scratch) * 4 + parallel::estimate_ring(c).workspace);
+    // + the attention kernel's blocks for one ring piece of 32/(2cp) rows, head size 16:
+    // forward (len, len) + (len, 16) + 2 len, backward 2 (len, len) + len.
+    const double len = 32 / (2 * cp),
+                 blocks = std::max(len * len + len * 16 + 2 * len, 2 * len * len + len);
+    EXPECT_DOUBLE_EQ(m.bytes[kW],
+                     double(act.scratch) * 4 + parallel::estimate_ring(c).workspace + blocks * 4);
   }
+  // Without cp, one call's blocks for 32 rows: backward 2*32*32 + 32.
+  const auto act1 = model::activation_sizes(model::dims_of(c1), {}, 2, 32, true);
+  EXPECT_DOUBLE_EQ(m1.bytes[kW], double(act1.scratch) * 4 + (2 * 32 * 32 + 32) * 4.0);
 }
 
 namespace {
@@ -345,4 +357,246 @@ TEST(Plan, RecomputationRerunsForwardCollectivesAndShrinksActivations) {
   deck::validate(t, 2), deck::validate(t0, 2);
   EXPECT_DOUBLE_EQ(group_bytes(t, GroupKind::tp, coord(2, 1, 1)),
                    group_bytes(t0, GroupKind::tp, coord(2, 1, 1)));
+}
+
+// ---- Will it fit? -------------------------------------------------------------------------
+
+TEST(Fit, SizesAsUsersWriteThem) {
+  EXPECT_EQ(parse_bytes("80GiB"), 80.0 * (1 << 30));
+  EXPECT_EQ(parse_bytes("80 GiB"), 80.0 * (1 << 30));
+  EXPECT_EQ(parse_bytes("80g"), 80.0 * (1 << 30));  // Slurm's --mem=80G
+  EXPECT_EQ(parse_bytes("512MiB"), 512.0 * (1 << 20));
+  EXPECT_EQ(parse_bytes("1.5TB"), 1.5e12);
+  EXPECT_EQ(parse_bytes("25GB/s"), 25e9);
+  EXPECT_EQ(parse_bytes("1048576"), 1048576.0);
+  EXPECT_EQ(parse_bytes("4kib"), 4096.0);
+  EXPECT_EQ(parse_bytes("1EiB"), std::pow(1024.0, 6));
+  for (const char* bad : {"", "GiB", "80XB", "-1GiB", "0", "80GiBs", "nan"})
+    EXPECT_FALSE(parse_bytes(bad).has_value()) << bad;
+}
+
+TEST(Fit, BudgetIsTheFlagOrTheNodeSharedOrUnknownOnAGpu) {
+  Config c = gpt2_124m();
+  EXPECT_EQ(parallel::memory_budget(c, {80.0 * (1 << 30), 0}, 4).bytes, 80.0 * (1 << 30));
+  const NodeMemory node = node_memory();
+  ASSERT_GT(node.bytes, 0);
+  EXPECT_DOUBLE_EQ(parallel::memory_budget(c, {}, 4).bytes, node.bytes / 4);
+  c.backend.device = "cuda";
+  EXPECT_EQ(parallel::memory_budget(c, {}, 4).bytes, 0);
+  EXPECT_NE(parallel::memory_budget(c, {}, 4).source.find("--memory"), std::string::npos);
+  EXPECT_EQ(parallel::memory_budget(c, {1e9, 0}, 4).bytes, 1e9);
+}
+
+namespace {
+// The deck with `sets` (as --set would give them) applied, validated for `world`: a key of
+// `sets` replaces the same key of `base`.
+Config with_sets(const std::vector<std::string>& base, const std::vector<std::string>& sets,
+                 int world) {
+  const auto key = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
+  std::vector<std::string> o;
+  for (const auto& b : base)
+    if (std::none_of(sets.begin(), sets.end(),
+                     [&](const std::string& s) { return key(s) == key(b); }))
+      o.push_back(b);
+  o.insert(o.end(), sets.begin(), sets.end());
+  Config c = deck::parse_text("", "<test>", o);
+  deck::validate(c, world);
+  return c;
+}
+std::vector<std::string> gpt2_keys(const std::vector<std::string>& extra) {
+  std::vector<std::string> o = {"model%n_layer=12", "model%d_model=768", "model%n_head=12",
+                                "model%vocab=50257", "model%seq_len=1024"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+double largest(const Config& c) { return parallel::largest_shard(c).bytes; }
+}  // namespace
+
+TEST(Fit, LargestShardIsTheLargestStage) {
+  // pp = 2, 9 + 3 layers: the first stage holds more blocks and more micro-batches in flight.
+  Config c = gpt2_124m(
+      {"parallel%pp=2", "parallel%pp_layers=9,3", "train%global_batch=8", "train%micro_batch=2"});
+  deck::validate(c, 2);
+  const auto big = parallel::largest_shard(c);
+  EXPECT_EQ(big.p, 0);
+  EXPECT_DOUBLE_EQ(big.bytes,
+                   parallel::estimate_memory(c, parallel::plan_shard(c, 0, 0, 0)).total());
+  EXPECT_GT(big.bytes, parallel::estimate_memory(c, parallel::plan_shard(c, 0, 1, 0)).total());
+}
+
+TEST(Fit, PipelineMessageBuffersAndTheTiedSumAreComm) {
+  // pp = 2, 1F1B, m = 4 micro-batches of 2: rank 0 holds two message buffers (a send still in
+  // flight when the next gradient's receive is posted), each one stage input 2*32*64 floats,
+  // and the whole wte (64 x 64) to sum its gradient with the last stage's.
+  const std::vector<std::string> keys = {
+      "model%n_layer=2",  "model%d_model=64",    "model%n_head=4",       "model%vocab=64",
+      "model%seq_len=32", "train%micro_batch=2", "train%global_batch=8", "parallel%pp=2"};
+  Config c = with_sets(keys, {}, 2),
+         c1 = with_sets({"model%n_layer=2", "model%d_model=64", "model%n_head=4", "model%vocab=64",
+                         "model%seq_len=32", "train%micro_batch=2", "train%global_batch=8"},
+                        {}, 1);
+  for (int p = 0; p < 2; ++p)
+    EXPECT_DOUBLE_EQ(parallel::estimate_memory(c, parallel::plan_shard(c, 0, p, 0))
+                         .bytes[int(MemCategory::comm)],
+                     (2 * 2 * 32 * 64 + 64 * 64) * 4.0);
+  EXPECT_DOUBLE_EQ(parallel::estimate_memory(c1, {}).bytes[int(MemCategory::comm)], 0);
+}
+
+TEST(Fit, NothingToChangeWhenItFits) {
+  Config c = gpt2_124m({"train%global_batch=4", "train%micro_batch=4"});
+  deck::validate(c, 1);
+  const auto rates = parallel::step_rates(c, 0);
+  EXPECT_TRUE(parallel::fit_changes(c, 1, 1, largest(c), rates).empty());
+  Layout layout(GridShape::from_config(c), 1, 1);
+  EXPECT_EQ(parallel::fit_refusal(c, layout, {largest(c), "--memory"}, 0), "");
+  EXPECT_EQ(parallel::fit_refusal(c, layout, {0, "unknown"}, 0), "");  // no budget, no verdict
+}
+
+TEST(Fit, RecomputationOnOneRankCostsWhatItRunsAgain) {
+  // One rank, micro-batch 4 of 4: only recomputation and a smaller micro-batch can help.
+  const auto keys =
+      gpt2_keys({"train%global_batch=4", "train%micro_batch=4", "backend%peak_gflops=100"});
+  Config c = with_sets(keys, {}, 1);
+  Config sel = with_sets(keys, {"train%recompute='selective'"}, 1);
+  Config full = with_sets(keys, {"train%recompute='full'"}, 1);
+  ASSERT_LT(largest(full), largest(sel));
+  ASSERT_LT(largest(sel), largest(c));
+  const double budget = (largest(sel) + largest(c)) / 2;  // selective fits, none does not
+  const auto rates = parallel::step_rates(c, 0);
+  EXPECT_FALSE(rates.gflops_assumed);
+  EXPECT_TRUE(rates.bandwidth_assumed);
+  const auto changes = parallel::fit_changes(c, 1, 1, budget, rates);
+  ASSERT_FALSE(changes.empty());
+  bool selective = false;
+  for (const auto& ch : changes) {
+    // Each change fits with the figure the plan gives for the deck with it.
+    const Config with = with_sets(keys, ch.sets, 1);
+    EXPECT_DOUBLE_EQ(ch.largest, largest(with));
+    EXPECT_LE(ch.largest, budget);
+    EXPECT_EQ(ch.extra_bytes, 0);  // one rank: nothing is sent
+    if (ch.sets == std::vector<std::string>{"train%recompute='selective'"}) {
+      selective = true;
+      // The attention's forward again (4*L*h*s per token) and elementwise LayerNorm and GELU:
+      // a few percent of the model FLOPs.
+      const double tokens = 4.0 * 1024;
+      EXPECT_GT(ch.extra_flops, 4.0 * 12 * 768 * 1024 * tokens);
+      EXPECT_LT(ch.fraction, 0.05);
+      const double expected = ch.extra_flops / (model::flops_per_token(c) * tokens);
+      EXPECT_NEAR(ch.fraction, expected, 1e-12 * expected);
+    }
+    // full is a superset of selective, knob by knob: never offered next to it.
+    EXPECT_NE(ch.sets.front(), "train%recompute='full'");
+  }
+  EXPECT_TRUE(selective);
+  for (std::size_t i = 1; i < changes.size(); ++i)
+    EXPECT_LE(changes[i - 1].extra_seconds, changes[i].extra_seconds);
+  // Just above what full needs (and below selective): full is the only recomputation offered,
+  // at one more forward of the blocks (a third of their FLOPs, all but the head's 6*V*h).
+  const auto only_full = parallel::fit_changes(c, 1, 1, (largest(full) + largest(sel)) / 2, rates);
+  bool found = false;
+  for (const auto& ch : only_full)
+    if (ch.sets == std::vector<std::string>{"train%recompute='full'"}) {
+      found = true;
+      const double per_token = (model::flops_per_token(c) - 6.0 * 50257 * 768) / 3;
+      EXPECT_DOUBLE_EQ(ch.extra_flops, per_token * 4 * 1024);
+      EXPECT_GT(ch.fraction, 0.2);  // GPT-2 124M: the LM head is a quarter of the FLOPs
+      EXPECT_LT(ch.fraction, 0.34);
+    }
+  EXPECT_TRUE(found);
+}
+
+TEST(Fit, ZeroStagesGridAndMicroBatchOnFourRanks) {
+  // dp = 4 on one node of 4: ZeRO stages, tp or pp x2 (dp 2) and smaller micro-batches.
+  const auto keys =
+      gpt2_keys({"train%global_batch=16", "train%micro_batch=4", "backend%peak_gflops=100"});
+  Config c = with_sets(keys, {}, 4);
+  Config z1 = with_sets(keys, {"parallel%zero=1"}, 4);
+  const double budget = (largest(c) + largest(z1)) / 2;
+  ASSERT_LT(largest(z1), budget);
+  FitChange least;
+  const auto rates = parallel::step_rates(c, 25e9);
+  EXPECT_FALSE(rates.bandwidth_assumed);
+  const auto changes = parallel::fit_changes(c, 4, 4, budget, rates, &least);
+  ASSERT_FALSE(changes.empty());
+  std::set<std::string> seen;
+  for (const auto& ch : changes) {
+    for (const auto& s : ch.sets) seen.insert(s.substr(0, s.find('=')));
+    const Config with = with_sets(keys, ch.sets, 4);
+    EXPECT_DOUBLE_EQ(ch.largest, largest(with)) << ch.sets.front();
+    EXPECT_LE(ch.largest, budget);
+    if (ch.sets == std::vector<std::string>{"parallel%zero=1"}) {
+      // ZeRO 1 adds the parameter all-gather, (D-1)/D*S, at 25 GB/s.
+      const double S = 4.0 * 124439808;
+      EXPECT_DOUBLE_EQ(ch.extra_bytes, 0.75 * S);
+      EXPECT_NEAR(ch.extra_seconds, 0.75 * S / 25e9, 1e-12);
+    }
+  }
+  EXPECT_TRUE(seen.count("parallel%zero"));
+  EXPECT_TRUE(seen.count("train%micro_batch"));
+  EXPECT_TRUE(seen.count("parallel%tp") || seen.count("parallel%pp"));
+  // No change is another one plus more.
+  for (const auto& a : changes)
+    for (const auto& b : changes) {
+      std::set<std::string> sa(a.sets.begin(), a.sets.end()), sb(b.sets.begin(), b.sets.end());
+      if (sb.size() > sa.size()) {
+        EXPECT_FALSE(std::includes(sb.begin(), sb.end(), sa.begin(), sa.end()));
+      }
+    }
+  // tp stays within a node: with one rank per node only pp may grow.
+  for (const auto& ch : parallel::fit_changes(c, 4, 1, budget, rates))
+    for (const auto& s : ch.sets) EXPECT_EQ(s.rfind("parallel%tp", 0), std::string::npos);
+}
+
+TEST(Fit, NothingFitsSaysTheLeastAnyReachesAndTheRunRefusesInOneLine) {
+  const auto keys = gpt2_keys({"train%global_batch=4", "train%micro_batch=4"});
+  Config c = with_sets(keys, {}, 1);
+  FitChange least;
+  EXPECT_TRUE(parallel::fit_changes(c, 1, 1, 1e6, parallel::step_rates(c, 0), &least).empty());
+  EXPECT_GT(least.largest, 1e6);
+  EXPECT_DOUBLE_EQ(least.largest, largest(with_sets(keys, least.sets, 1)));
+  Layout layout(GridShape::from_config(c), 1, 1);
+  const std::string none = parallel::fit_refusal(c, layout, {1e6, "--memory"}, 0);
+  EXPECT_EQ(none.find('\n'), std::string::npos);
+  EXPECT_NE(none.find("will not fit"), std::string::npos);
+  EXPECT_NE(none.find("no change of train%recompute"), std::string::npos);
+  // A budget recomputation meets: the line names the cheapest change, its memory and cost.
+  Config sel = with_sets(keys, {"train%recompute='selective'"}, 1);
+  const double budget = (largest(sel) + largest(c)) / 2;
+  const auto changes = parallel::fit_changes(c, 1, 1, budget, parallel::step_rates(c, 0));
+  ASSERT_FALSE(changes.empty());
+  const std::string line = parallel::fit_refusal(c, layout, {budget, "--memory"}, 0);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_NE(line.find("cheapest first: --set " + changes[0].sets[0]), std::string::npos) << line;
+  EXPECT_NE(line.find(format_bytes(changes[0].largest)), std::string::npos) << line;
+}
+
+TEST(Fit, PlanReportTableAndAdviceAgree) {
+  const auto keys = gpt2_keys({"train%global_batch=16", "train%micro_batch=4"});
+  Config c = with_sets(keys, {}, 4);
+  Layout layout(GridShape::from_config(c), 4, 4);
+  Config full3 = with_sets(keys, {"train%recompute='full'", "parallel%zero=3"}, 4);
+  const std::string r = parallel::plan_report(c, layout, {largest(c) / 2, 0});
+  EXPECT_NE(r.find("DOES NOT FIT: " + format_bytes(largest(c))), std::string::npos);
+  EXPECT_NE(r.find("largest shard by train%recompute x parallel%zero"), std::string::npos);
+  EXPECT_NE(r.find(format_bytes(largest(full3))), std::string::npos);  // the table's corner
+  EXPECT_NE(r.find("*" + format_bytes(largest(c)) + " over"), std::string::npos);
+  EXPECT_NE(r.find("changes that make every shard fit, cheapest first"), std::string::npos);
+  const std::string fits = parallel::plan_report(c, layout, {largest(c), 0});
+  EXPECT_NE(fits.find("every shard fits"), std::string::npos);
+  EXPECT_EQ(fits.find("changes that make"), std::string::npos);
+}
+
+TEST(Fit, AFailedAllocationNamesRankCategoryLabelAndSize) {
+  try {
+    TrackedView<double> huge(MemCategory::activations, "test.huge", std::size_t(1) << 58);
+    FAIL() << "a 2 EiB allocation succeeded";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.exit_code(), kExitRuntime);
+    EXPECT_NE(what.find("out of memory on rank 0: " + format_bytes(std::pow(2.0, 61))),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("for activations ('test.huge')"), std::string::npos) << what;
+  }
+  EXPECT_EQ(memory::stats().current[int(MemCategory::activations)], 0u);
 }

@@ -3,7 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
 
+#include "deck/deck.hpp"
+#include "kernels/attention.hpp"
+#include "model/activations.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/report.hpp"
 #include "parallel/schedule.hpp"
@@ -29,6 +36,91 @@ model::ShardCoord shard_of(const Config& config, int t, int p, int e) {
   return sc;
 }
 
+// What the deck's schedule asks of each pipeline stage: the activation slots of each chunk
+// (the checker's in-flight counts) and the executor's message buffers (parallel/pipeline.cpp),
+// taken from a pool that only grows: one per receive from when it is posted until its compute
+// is done with it (a forward copies its input out first, a backward reads its d(output) in
+// place), and one per send until the executor finds it complete. A send needs its peer in
+// MPI too, so it counts as complete at the end of this rank's next compute, when the executor
+// tests it (the messages are large: rendezvous). Validation's forward-only pass runs one
+// micro-batch through the chunks at a time.
+struct StageNeeds {
+  std::vector<int> in_flight;
+  int buffers = 0;
+};
+
+int message_buffers(const OpList& ops) {
+  std::set<std::tuple<bool, int, int>> pending;  // receives: (gradient, micro-batch, chunk)
+  int in_use = 0, pool = 0, sending = 0;
+  auto take = [&] { pool = std::max(pool, ++in_use); };
+  auto release = [&](bool grad, const Op& op) {
+    in_use -= int(pending.erase({grad, op.mb, op.chunk}));
+  };
+  for (const Op& op : ops) {
+    switch (op.kind) {
+      case OpKind::recv_act:
+      case OpKind::recv_grad:
+        take();
+        pending.insert({op.kind == OpKind::recv_grad, op.mb, op.chunk});
+        break;
+      case OpKind::send_act:
+      case OpKind::send_grad:
+        take();
+        ++sending;
+        break;
+      case OpKind::forward:
+      case OpKind::backward:
+        release(op.kind == OpKind::backward, op);
+        in_use -= sending;
+        sending = 0;
+        break;
+    }
+  }
+  return pool;
+}
+
+std::vector<StageNeeds> stage_needs(const Config& config) {
+  const int P = int(config.parallel.pp), v = int(config.parallel.virtual_stages);
+  const int m = int(micro_batches_per_step(config));
+  std::vector<StageNeeds> out(static_cast<std::size_t>(P));
+  if (P == 1) {
+    out[0].in_flight.assign(std::size_t(v), 1);
+    return out;
+  }
+  const auto lists = make_schedule(schedule_kind(config.parallel.pp_schedule), P, m, v);
+  const auto check = check_schedule(lists, P, m, v);
+  for (int r = 0; r < P; ++r) {
+    out[std::size_t(r)].in_flight = check.in_flight.at(std::size_t(r));
+    OpList validation;  // PipelineExecutor::forward_only, two micro-batches of it
+    for (int mb = 0; mb < std::min(m, 2); ++mb)
+      for (int c = 0; c < v; ++c) {
+        const int g = c * P + r;
+        if (g > 0) validation.push_back({OpKind::recv_act, mb, c, (g - 1) % P});
+        validation.push_back({OpKind::forward, mb, c, -1});
+        if (g < v * P - 1) validation.push_back({OpKind::send_act, mb, c, (g + 1) % P});
+      }
+    out[std::size_t(r)].buffers =
+        std::max(message_buffers(lists[std::size_t(r)]), message_buffers(validation));
+  }
+  return out;
+}
+
+// The attention kernel's block workspace (kernels/attention.cpp), one call at a time: forward
+// (bq, bk) scores, a (bq, head size) accumulator and two (bq) rows; backward (bq, bk) twice and
+// (bq); bq and bk the kernel's blocks cut to the rows of a call: whole sequences, or with cp
+// one piece of the ring.
+double attention_workspace(const Config& config) {
+  const model::Dims d = model::dims_of(config);
+  const auto& par = config.parallel;
+  const std::int64_t len =
+      par.cp > 1 ? d.S / (par.cp_layout == "zigzag" ? 2 * par.cp : par.cp) : d.S;
+  const kernels::AttentionConfig blocks;
+  const std::int64_t bq = std::min<std::int64_t>(blocks.q_block, len),
+                     bk = std::min<std::int64_t>(blocks.k_block, len);
+  const std::int64_t forward = bq * bk + bq * d.HS + 2 * bq, backward = 2 * bq * bk + bq;
+  return double(std::max(forward, backward)) * double(dtype_bytes(config));
+}
+
 std::string with_commas(std::int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(std::size_t(i), ",");
@@ -36,6 +128,10 @@ std::string with_commas(std::int64_t n) {
 }
 
 }  // namespace
+
+model::ShardCoord plan_shard(const Config& config, int t, int p, int e) {
+  return shard_of(config, t, p, e);
+}
 
 double MemoryEstimate::total() const {
   double t = 0;
@@ -54,11 +150,7 @@ std::int64_t micro_batches_per_step(const Config& config) {
 }
 
 std::vector<int> schedule_in_flight(const Config& config, int stage) {
-  const int P = int(config.parallel.pp), v = int(config.parallel.virtual_stages);
-  const int m = int(micro_batches_per_step(config));
-  if (P == 1) return std::vector<int>(std::size_t(v), 1);
-  const auto lists = make_schedule(schedule_kind(config.parallel.pp_schedule), P, m, v);
-  return check_schedule(lists, P, m, v).in_flight.at(std::size_t(stage));
+  return stage_needs(config).at(std::size_t(stage)).in_flight;
 }
 
 double pipeline_bubble(const Config& config) {
@@ -103,7 +195,10 @@ ExpertEstimate estimate_experts(const Config& config) {
   return x;
 }
 
-MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord) {
+namespace {
+
+MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coord,
+                              const StageNeeds& needs) {
   MemoryEstimate est;
   const auto chunks = model::build_layout(config, coord);
   for (const auto& ch : chunks)
@@ -116,6 +211,9 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
   const bool mixed = config.model.dtype == "bf16";  // fp32 master weights and moments
   const double state_w = mixed ? 4.0 : w;
   const double moments = config.train.optimizer == "adamw" ? 2.0 : 0.0;
+  // Merge point for ZeRO with expert parallelism: when data_parallel_sizes takes the
+  // expert-grad group's size, pass expert_grad_size(config) here and shard the expert_*_bytes
+  // below over it instead of the dense-grad group.
   for (const auto& ch : chunks) {
     const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
                                        config.parallel.bucket_mb, std::size_t(w),
@@ -141,7 +239,7 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
   const std::int64_t T = d.S / config.parallel.cp;
   // Each chunk keeps as many micro-batches as its rank's schedule has in flight (GPipe all
   // m, 1F1B p - rank, ...): the slots the trainer allocates, from the same checker.
-  const auto in_flight = schedule_in_flight(config, coord.p);
+  const auto& in_flight = needs.in_flight;
   // train%recompute: blocks keep less, and one block's recomputed tensors share a workspace
   // the stage charges to activations (model/stage.cpp).
   const model::Recompute recompute = model::recompute_mode(config.train.recompute);
@@ -154,10 +252,29 @@ MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& co
         double(act.recompute) * w;
     est.bytes[idx(MemCategory::workspace)] += double(act.scratch) * w;
   }
-  // Ring attention's backward buffers, held during one block's attention at a time.
+  // Ring attention's backward buffers, held during one block's attention at a time, and the
+  // attention kernel's blocks on top of them (or of the scratch alone).
   est.bytes[idx(MemCategory::workspace)] += estimate_ring(config).workspace;
+  est.bytes[idx(MemCategory::workspace)] += attention_workspace(config);
 
+  // A pipeline's message buffers, each one stage input (R rows of d_model), and on a chunk
+  // with wte but not both ends, the whole-tensor buffer its gradient is summed in.
+  if (config.parallel.pp > 1) {
+    const auto shape = model::act_shape(d, coord, config.train.micro_batch, T,
+                                        config.parallel.sequence_parallel && coord.T > 1);
+    est.bytes[idx(MemCategory::comm)] += double(needs.buffers) * double(shape.R * d.C) * w;
+    for (const auto& ch : chunks)
+      for (const auto& t : ch.tensors)
+        if (t.name == "wte.weight" && !(ch.has_embedding && ch.has_head))
+          est.bytes[idx(MemCategory::comm)] += double(t.numel) * w;
+  }
   return est;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord) {
+  return estimate_shard(config, coord, stage_needs(config).at(std::size_t(coord.p)));
 }
 
 namespace {
@@ -326,6 +443,329 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   return out;
 }
 
+// ---- Will it fit? ---------------------------------------------------------------------------
+
+MemoryBudget memory_budget(const Config& config, const FitOptions& fit, int ranks_per_node) {
+  MemoryBudget b;
+  if (fit.memory > 0) {
+    b.bytes = fit.memory;
+    b.source = "--memory";
+    return b;
+  }
+  if (config.backend.device == "cuda") {
+    b.source = "backend%device = 'cuda': pass the GPU's memory as --memory, e.g. --memory 80GiB";
+    return b;
+  }
+  const NodeMemory node = node_memory();
+  const int n = std::max(1, ranks_per_node);
+  b.bytes = node.bytes / n;
+  b.source = cat("this node's ", format_bytes(node.bytes), " (", node.source, ") / ", n,
+                 n == 1 ? " rank" : " ranks", " per node; --memory sets it");
+  return b;
+}
+
+namespace {
+
+// The largest shard, the schedule's needs worked out once for every stage.
+LargestShard largest_of(const Config& config) {
+  const auto needs = stage_needs(config);
+  LargestShard l{0, -1.0};
+  for (int p = 0; p < int(config.parallel.pp); ++p) {
+    const double b =
+        estimate_shard(config, shard_of(config, 0, p, 0), needs[std::size_t(p)]).total();
+    if (b > l.bytes) l = {p, b};
+  }
+  return l;
+}
+
+// The FLOPs per token recomputation adds, as model FLOPs count them (6*N + 12*L*h*s, causal
+// masking not discounted): full reruns every block's forward, a third of the blocks' share
+// (all but the LM head's 6*V*h); selective reruns the attention (4*h*s per layer: scores and
+// the weighted sum), two LayerNorms (about 8 FLOPs an element, h wide) and a dense block's
+// GELU (about 20 an element, 4h wide).
+double recompute_flops_per_token(const Config& config) {
+  const model::Dims d = model::dims_of(config);
+  switch (model::recompute_mode(config.train.recompute)) {
+    case model::Recompute::none:
+      return 0;
+    case model::Recompute::full:
+      return (model::flops_per_token(config) - 6.0 * double(d.V) * double(d.C)) / 3.0;
+    case model::Recompute::selective:
+      break;
+  }
+  double dense = 0;
+  for (std::int64_t i = 0; i < d.L; ++i) dense += d.is_moe_layer(i) ? 0.0 : 1.0;
+  return double(d.L) * (4.0 * double(d.C) * double(d.S) + 2 * 8.0 * double(d.C)) +
+         dense * 20.0 * double(d.F);
+}
+
+// A step on one rank as the plan sees it: model FLOPs (with recomputation's) over the world at
+// the peak, stretched by the pipeline bubble, plus every group's bytes (rank 0's shard) at the
+// bandwidth, nothing overlapped.
+struct StepCost {
+  double flops = 0, bytes = 0, bubble = 0, seconds = 0;
+};
+StepCost step_cost(const Config& config, int world, const StepRates& rates) {
+  StepCost s;
+  const double tokens = double(config.train.global_batch) * double(model::dims_of(config).S);
+  s.flops = (model::flops_per_token(config) + recompute_flops_per_token(config)) * tokens / world;
+  s.bubble = config.parallel.pp > 1 ? pipeline_bubble(config) : 0.0;
+  for (const auto& c : estimate_comm(config, shard_of(config, 0, 0, 0)))
+    s.bytes += c.bytes_per_step;
+  s.seconds = s.flops / (rates.gflops * 1e9) / (1 - s.bubble) + s.bytes / rates.bandwidth;
+  return s;
+}
+
+const char* const kLevels[] = {"none", "selective", "full"};
+
+// One point of the search: how far each knob moved from the deck's setting. recompute and zero
+// are the level and stage themselves; tp, pp the factors they grow by (dp shrinks by both);
+// micro the divisor of the micro-batch.
+struct Knobs {
+  int recompute = 0, zero = 0, tp = 1, pp = 1, micro = 1;
+  auto key() const { return std::make_tuple(recompute, zero, tp, pp, micro); }
+  bool operator<(const Knobs& o) const { return key() < o.key(); }
+  bool operator==(const Knobs& o) const { return key() == o.key(); }
+  bool within(const Knobs& o) const {  // no knob moved further than in o
+    return recompute <= o.recompute && zero <= o.zero && tp <= o.tp && pp <= o.pp &&
+           micro <= o.micro;
+  }
+};
+
+struct Point {
+  Config config;
+  LargestShard largest;
+};
+
+class FitSearch {
+ public:
+  FitSearch(const Config& base, int world) : base_(base), world_(world) {}
+
+  Knobs deck() const {
+    Knobs k;
+    k.recompute = int(model::recompute_mode(base_.train.recompute));
+    k.zero = int(base_.parallel.zero);
+    return k;
+  }
+  // ZeRO stages change anything only over more than one rank, and experts split over ep train
+  // with ZeRO 0 only (parallel::check_supported).
+  // (Merge point: drop the ep == 1 condition here and in evaluate() once ZeRO works with ep.)
+  bool zero_helps() const { return base_.parallel.ep == 1 && dense_grad_size(base_) > 1; }
+
+  // The deck with k, validated for the world, and its largest shard; null when the deck's
+  // rules refuse the combination.
+  const Point* at(const Knobs& k) {
+    auto it = cache_.find(k);
+    if (it == cache_.end()) it = cache_.emplace(k, evaluate(k)).first;
+    return it->second ? &*it->second : nullptr;
+  }
+
+  std::vector<std::string> sets(const Knobs& k) const {
+    std::vector<std::string> s;
+    const Knobs d = deck();
+    const auto& par = base_.parallel;
+    if (k.recompute != d.recompute)
+      s.push_back(cat("train%recompute='", kLevels[k.recompute], "'"));
+    if (k.zero != d.zero) s.push_back(cat("parallel%zero=", k.zero));
+    if (k.tp > 1) s.push_back(cat("parallel%tp=", par.tp * k.tp));
+    if (k.pp > 1) s.push_back(cat("parallel%pp=", par.pp * k.pp));
+    if (k.tp * k.pp > 1) s.push_back(cat("parallel%dp=", par.dp / (k.tp * k.pp)));
+    if (k.micro > 1) s.push_back(cat("train%micro_batch=", base_.train.micro_batch / k.micro));
+    return s;
+  }
+
+  // Every combination of knob settings past the deck's, fewest steps first.
+  std::vector<Knobs> candidates(int ranks_per_node) const {
+    const Knobs d = deck();
+    const auto& par = base_.parallel;
+    std::vector<int> levels, stages, micros;
+    for (int r = d.recompute; r <= 2; ++r) levels.push_back(r);
+    for (int z = d.zero; z <= (zero_helps() ? 3 : d.zero); ++z) stages.push_back(z);
+    for (std::int64_t k = 1; k <= base_.train.micro_batch; ++k)
+      if (base_.train.micro_batch % k == 0) micros.push_back(int(k));
+    // tp and pp grow by powers of two up to 8 while dp divides; tp groups stay within a node;
+    // pp only with the even split (no parallel%pp_layers).
+    bool even = true;
+    for (auto n : par.pp_layers) even = even && n == 0;
+    std::vector<std::pair<int, int>> grids;
+    for (int a = 1; a <= 8; a *= 2)
+      for (int b = 1; b <= 8; b *= 2) {
+        if (par.dp % (a * b) != 0) continue;
+        if (a > 1 && par.tp * a > std::max<std::int64_t>(ranks_per_node, par.tp)) continue;
+        if (b > 1 && !even) continue;
+        grids.push_back({a, b});
+      }
+    std::vector<std::pair<int, Knobs>> out;
+    for (std::size_t i = 0; i < levels.size(); ++i)
+      for (std::size_t j = 0; j < stages.size(); ++j)
+        for (std::size_t g = 0; g < grids.size(); ++g)
+          for (std::size_t u = 0; u < micros.size(); ++u) {
+            if (i + j + g + u == 0) continue;  // the deck itself
+            Knobs k{levels[i], stages[j], grids[g].first, grids[g].second, micros[u]};
+            const int steps = int(i + j + u) + int(std::log2(double(k.tp * k.pp)) + 0.5);
+            out.push_back({steps, k});
+          }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<Knobs> knobs;
+    for (const auto& [steps, k] : out) knobs.push_back(k);
+    return knobs;
+  }
+
+ private:
+  std::optional<Point> evaluate(const Knobs& k) const {
+    Config c = base_;
+    c.train.recompute = kLevels[k.recompute];
+    c.parallel.zero = k.zero;
+    c.parallel.tp *= k.tp, c.parallel.pp *= k.pp;
+    c.parallel.dp /= k.tp * k.pp;
+    c.train.micro_batch /= k.micro;
+    if (c.parallel.ep > 1 && c.parallel.zero > 0) return std::nullopt;
+    try {
+      deck::validate(c, world_);
+      return Point{c, largest_of(c)};
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+
+  const Config& base_;
+  int world_;
+  std::map<Knobs, std::optional<Point>> cache_;
+};
+
+constexpr int kMaxCandidates = 600;
+
+std::vector<FitChange> search_changes(FitSearch& search, const Config& config, int world,
+                                      int ranks_per_node, double budget, const StepRates& rates,
+                                      FitChange* least) {
+  std::vector<Knobs> fitting;
+  FitChange best;
+  best.largest = -1;
+  int evaluated = 0;  // a bound on the work for very large grids: the fewest steps come first
+  for (const Knobs& k : search.candidates(ranks_per_node)) {
+    bool dominated = false;
+    for (const Knobs& f : fitting) dominated = dominated || f.within(k);
+    if (dominated) continue;
+    if (++evaluated > kMaxCandidates) break;
+    const Point* p = search.at(k);
+    if (!p) continue;
+    if (best.largest < 0 || p->largest.bytes < best.largest) {
+      best.sets = search.sets(k);
+      best.largest = p->largest.bytes, best.largest_p = p->largest.p;
+    }
+    if (p->largest.bytes <= budget) fitting.push_back(k);
+  }
+  if (least) *least = best;
+  const StepCost before = step_cost(config, world, rates);
+  std::vector<FitChange> out;
+  for (const Knobs& k : fitting) {
+    const Point* p = search.at(k);
+    const StepCost after = step_cost(p->config, world, rates);
+    FitChange c;
+    c.sets = search.sets(k);
+    c.largest = p->largest.bytes, c.largest_p = p->largest.p;
+    c.extra_flops = after.flops - before.flops;
+    c.extra_bytes = after.bytes - before.bytes;
+    c.bubble_before = before.bubble, c.bubble = after.bubble;
+    c.extra_seconds = after.seconds - before.seconds;
+    c.fraction = before.seconds > 0 ? c.extra_seconds / before.seconds : 0.0;
+    out.push_back(std::move(c));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const FitChange& a, const FitChange& b) {
+    return a.extra_seconds != b.extra_seconds ? a.extra_seconds < b.extra_seconds
+                                              : a.largest < b.largest;
+  });
+  return out;
+}
+
+std::string join_sets(const std::vector<std::string>& sets) {
+  std::string s;
+  for (const auto& v : sets) s += cat(s.empty() ? "" : " ", "--set ", v);
+  return s;
+}
+
+std::string signed_percent(double f) { return fixed(f >= 0 ? "+%.1f%%" : "%.1f%%", 100 * f); }
+
+// "+2.1% step time (+0.028 s): recomputation +2.9e+13 FLOPs per rank, +1.20 GiB sent per rank,
+// bubble 3.0% -> 5.9%"
+std::string cost_words(const FitChange& c) {
+  std::string why;
+  auto add = [&](const std::string& s) { why += (why.empty() ? "" : ", ") + s; };
+  if (c.extra_flops != 0)
+    add(cat("recomputation ", fixed("%+.3g", c.extra_flops), " FLOPs per rank"));
+  if (std::abs(c.extra_bytes) >= 1)
+    add(cat(c.extra_bytes > 0 ? "+" : "-", format_bytes(std::abs(c.extra_bytes)),
+            " sent per rank"));
+  if (std::abs(c.bubble - c.bubble_before) > 1e-12)
+    add(cat("bubble ", fixed("%.1f%%", 100 * c.bubble_before), " -> ",
+            fixed("%.1f%%", 100 * c.bubble)));
+  return cat(signed_percent(c.fraction), " step time (", fixed("%+.3g s", c.extra_seconds), ")",
+             why.empty() ? "" : ": " + why);
+}
+
+std::string rates_words(const StepRates& r) {
+  return cat("compute at ", fixed("%.6g", r.gflops), " GFLOP/s per rank",
+             r.gflops_assumed ? " (assumed: set backend%peak_gflops)" : " (backend%peak_gflops)",
+             ", communication at ", fixed("%.4g", r.bandwidth / 1e9), " GB/s per rank",
+             r.bandwidth_assumed ? " (assumed: set --bandwidth)" : " (--bandwidth)");
+}
+
+int rank_at(const Layout& layout, int t, int p, int e) {
+  Coords c{};
+  c[int(Axis::t)] = t;
+  c[int(Axis::p)] = p;
+  c[int(Axis::e)] = e;
+  return layout.rank(c);
+}
+
+}  // namespace
+
+LargestShard largest_shard(const Config& config) { return largest_of(config); }
+
+StepRates step_rates(const Config& config, double bandwidth) {
+  const bool gpu = config.backend.device == "cuda";
+  StepRates r;
+  r.gflops = config.backend.peak_gflops;
+  if (r.gflops <= 0) r.gflops = gpu ? 1e5 : 100.0, r.gflops_assumed = true;
+  r.bandwidth = bandwidth;
+  if (r.bandwidth <= 0) r.bandwidth = gpu ? 100e9 : 10e9, r.bandwidth_assumed = true;
+  return r;
+}
+
+std::vector<FitChange> fit_changes(const Config& config, int world, int ranks_per_node,
+                                   double budget, const StepRates& rates, FitChange* least) {
+  if (largest_of(config).bytes <= budget) return {};
+  FitSearch search(config, world);
+  return search_changes(search, config, world, ranks_per_node, budget, rates, least);
+}
+
+std::string fit_refusal(const Config& config, const Layout& layout, const MemoryBudget& budget,
+                        double bandwidth) {
+  if (budget.bytes <= 0) return "";
+  const LargestShard big = largest_of(config);
+  if (big.bytes <= budget.bytes) return "";
+  FitChange least;
+  const auto changes = fit_changes(config, layout.world(), layout.max_ranks_per_node(),
+                                   budget.bytes, step_rates(config, bandwidth), &least);
+  std::string r = cat("ptrain: will not fit: the plan puts ", format_bytes(big.bytes), " on rank ",
+                      rank_at(layout, 0, big.p, 0), "'s shard, more than the ",
+                      format_bytes(budget.bytes), " a rank has (", budget.source, "); ");
+  if (changes.empty()) {
+    r += "no change of train%recompute, parallel%zero, parallel%tp/pp or train%micro_batch fits";
+    if (!least.sets.empty())
+      r += cat(" (the least is ", format_bytes(least.largest), ", with ", join_sets(least.sets),
+               ")");
+    r += ": more ranks, more memory per rank or a smaller model";
+  } else {
+    r += "changes that fit, cheapest first: ";
+    for (std::size_t i = 0; i < changes.size() && i < 3; ++i)
+      r += cat(i ? "; " : "", join_sets(changes[i].sets), " (", format_bytes(changes[i].largest),
+               ", ", signed_percent(changes[i].fraction), " step time)");
+  }
+  return r + "; `ptrain --plan` with the same options gives the figures";
+}
+
 // The deck's pipeline schedule in simulated time (forward 1 cell, backward 2), or, when
 // that is too wide to read, the same schedule with m = 2p micro-batches.
 std::string schedule_picture(const Config& config) {
@@ -468,8 +908,15 @@ std::string model_section(const Config& config, const Layout& layout) {
   return r;
 }
 
-// Memory per rank by category, one row per distinct shard.
-std::string memory_section(const Config& config, const Layout& layout) {
+// "fits: 37.25 GiB of 80.00 GiB" / "DOES NOT FIT: 95.10 GiB > 80.00 GiB"; "" without a budget.
+std::string fit_words(double bytes, double budget) {
+  if (budget <= 0) return "";
+  return bytes <= budget ? cat("fits: ", format_bytes(bytes), " of ", format_bytes(budget))
+                         : cat("DOES NOT FIT: ", format_bytes(bytes), " > ", format_bytes(budget));
+}
+
+// Memory per rank by category, one row per distinct shard, each with its fit.
+std::string memory_section(const Config& config, const Layout& layout, double budget) {
   std::string r;
   auto line = [&](const std::string& s) { r += s + "\n"; };
   const auto& par = config.parallel;
@@ -481,29 +928,25 @@ std::string memory_section(const Config& config, const Layout& layout) {
                 "workspace", "total");
   line(head);
   std::vector<Coords> seen;
-  const auto rank_of = [&](int t, int p, int e) {
-    Coords c{};
-    c[int(Axis::t)] = t;
-    c[int(Axis::p)] = p;
-    c[int(Axis::e)] = e;
-    return layout.rank(c);
-  };
+  const auto rank_of = [&](int t, int p, int e) { return rank_at(layout, t, p, e); };
   int rows = 0;
+  const auto needs = stage_needs(config);
   for (int p = 0; p < par.pp; ++p)
     for (int e = 0; e < par.ep; ++e)
       for (int t = 0; t < par.tp; ++t) {
         if (rows >= 16 && !(p == par.pp - 1 && e == par.ep - 1 && t == par.tp - 1)) continue;
         ++rows;
-        const auto mem = estimate_memory(config, shard_of(config, t, p, e));
+        const auto mem = estimate_shard(config, shard_of(config, t, p, e), needs[std::size_t(p)]);
         auto b = [&](MemCategory c) { return format_bytes(mem.bytes[idx(c)]); };
-        char row[320];
+        char row[400];
         std::snprintf(row, sizeof row, "  %-6d %-8s %14s %11s %11s %11s %11s %11s %11s %11s",
                       rank_of(t, p, e), cat(t, ",", p, ",", e).c_str(),
                       with_commas(mem.local_params).c_str(), b(MemCategory::params).c_str(),
                       b(MemCategory::grads).c_str(), b(MemCategory::optimizer).c_str(),
                       b(MemCategory::activations).c_str(), b(MemCategory::comm).c_str(),
                       b(MemCategory::workspace).c_str(), format_bytes(mem.total()).c_str());
-        line(row);
+        const std::string fit = fit_words(mem.total(), budget);
+        line(fit.empty() ? std::string(row) : cat(row, "   ", fit));
       }
   line(cat("  (ZeRO ", par.zero, " over the dense-grad group of ", dense_grad_size(config),
            " ranks",
@@ -518,6 +961,82 @@ std::string memory_section(const Config& config, const Layout& layout) {
            ")"));
   line("");
   return r;
+}
+
+// The memory a rank has, whether every shard fits, the largest shard under each recompute
+// level and ZeRO stage, and when the deck does not fit, the changes that make it fit.
+std::string fit_section(const Config& config, const Layout& layout, const MemoryBudget& budget,
+                        double bandwidth) {
+  std::string r;
+  auto line = [&](const std::string& s) { r += s + "\n"; };
+  const LargestShard big = largest_of(config);
+  const bool known = budget.bytes > 0;
+  const bool fits = !known || big.bytes <= budget.bytes;
+  line(known ? cat("memory per rank: ", format_bytes(budget.bytes), " (", budget.source, "); ",
+                   fits ? cat("every shard fits (the largest, rank ", rank_at(layout, 0, big.p, 0),
+                              "'s: ", format_bytes(big.bytes), ")")
+                        : cat("rank ", rank_at(layout, 0, big.p, 0), "'s shard DOES NOT FIT: ",
+                              format_bytes(big.bytes), " > ", format_bytes(budget.bytes)))
+             : cat("memory per rank: unknown (", budget.source, ")"));
+
+  // The largest shard under every recompute level and ZeRO stage (stages past the deck's only
+  // where they change anything), from the same search the advice uses.
+  FitSearch search(config, layout.world());
+  const Knobs deck = search.deck();
+  const int zmax = search.zero_helps() ? 3 : deck.zero, zmin = search.zero_helps() ? 0 : deck.zero;
+  line(cat("largest shard by train%recompute x parallel%zero (* the deck's",
+           known ? cat("; fits in ", format_bytes(budget.bytes), " per rank?") : std::string(),
+           "):"));
+  std::string head = "  recompute ";
+  for (int z = zmin; z <= zmax; ++z) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%20s", cat("zero ", z).c_str());
+    head += buf;
+  }
+  line(head);
+  for (int level = 0; level <= 2; ++level) {
+    std::string row =
+        cat("  ", kLevels[level], std::string(10 - std::string(kLevels[level]).size(), ' '));
+    for (int z = zmin; z <= zmax; ++z) {
+      Knobs k = deck;
+      k.recompute = level, k.zero = z;
+      const Point* p = search.at(k);
+      std::string cell =
+          !p ? std::string("n/a")
+             : cat(k == deck ? "*" : "", format_bytes(p->largest.bytes),
+                   known ? (p->largest.bytes <= budget.bytes ? " fits" : " over") : "");
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%20s", cell.c_str());
+      row += buf;
+    }
+    line(row);
+  }
+  if (fits) return r + "\n";
+
+  const StepRates rates = step_rates(config, bandwidth);
+  FitChange least;
+  const auto changes = search_changes(search, config, layout.world(), layout.max_ranks_per_node(),
+                                      budget.bytes, rates, &least);
+  if (changes.empty()) {
+    line(
+        cat("no change of train%recompute, parallel%zero, parallel%tp/pp (this world) or "
+            "train%micro_batch makes every shard fit",
+            least.sets.empty() ? std::string()
+                               : cat("; the least any reaches is ", format_bytes(least.largest),
+                                     ", with ", join_sets(least.sets)),
+            ": more ranks, more memory per rank or a smaller model"));
+    return r + "\n";
+  }
+  line(cat("changes that make every shard fit, cheapest first (predicted step time: ",
+           rates_words(rates), "):"));
+  const std::size_t shown = std::min<std::size_t>(changes.size(), 8);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const FitChange& c = changes[i];
+    line(cat("  ", i + 1, ". ", join_sets(c.sets)));
+    line(cat("     largest shard ", format_bytes(c.largest), "; ", cost_words(c)));
+  }
+  if (shown < changes.size()) line(cat("  (", changes.size() - shown, " more)"));
+  return r + "\n";
 }
 
 // Bytes each group moves per step, from rank 0's shard.
@@ -549,12 +1068,13 @@ std::string comm_section(const Config& config, const Layout& layout) {
 
 }  // namespace
 
-std::string plan_report(const Config& config, const Layout& layout) {
+std::string plan_report(const Config& config, const Layout& layout, const FitOptions& fit) {
   std::string r = cat("plan for ", config.deck_path, " on ", layout.world(), " ranks (",
                       layout.num_nodes(), " nodes, ", layout.max_ranks_per_node(),
                       " ranks per node)\n\n", layout.describe(), "\n");
-  return r + model_section(config, layout) + memory_section(config, layout) +
-         comm_section(config, layout);
+  const MemoryBudget budget = memory_budget(config, fit, layout.max_ranks_per_node());
+  return r + model_section(config, layout) + memory_section(config, layout, budget.bytes) +
+         fit_section(config, layout, budget, fit.bandwidth) + comm_section(config, layout);
 }
 
 }  // namespace ptrain::parallel

@@ -1,7 +1,9 @@
 // parallel/plan.hpp — what a run will cost before it runs (`ptrain --plan`): per-rank
 // parameters, memory by category under the ZeRO stage, communication per step per group,
 // pipeline bubble and model FLOPs. Memory comes from the model's own layout and
-// activation sizes, the same arithmetic that sizes the real buffers.
+// activation sizes, the same arithmetic that sizes the real buffers. Against the memory a
+// rank has, whether every shard fits, and if not the smallest changes to the deck that make
+// it fit, cheapest first (the same answer stops a run that would not fit before step 1).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -26,7 +28,14 @@ struct MemoryEstimate {
   double expert_param_bytes = 0, expert_grad_bytes = 0, expert_optimizer_bytes = 0;
   double total() const;
 };
+// Beyond the model's own buffers it counts what the run allocates around them: the attention
+// kernel's block workspace (kernels/attention.cpp), ring attention's buffers, and with a
+// pipeline the executor's message buffers (parallel/pipeline.cpp) and the tied embedding's
+// sum buffer on the two ends (parallel/data_parallel.cpp).
 MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord);
+// The shard of the rank at (t, p, e) on the tp, pp and ep axes (cp rank 0), as the plan
+// prints it; (0, 0, 0) is rank 0's.
+model::ShardCoord plan_shard(const Config& config, int t, int p, int e);
 
 struct CommEstimate {
   GroupKind group;
@@ -74,7 +83,69 @@ std::vector<int> schedule_in_flight(const Config& config, int stage);
 double pipeline_bubble(const Config& config);
 std::int64_t dtype_bytes(const Config& config);
 
-// The whole report, for a validated config on `layout`'s world.
-std::string plan_report(const Config& config, const Layout& layout);
+// ---- Will it fit? -------------------------------------------------------------------------
+
+// What the fit is judged against: --memory (bytes per rank) and, for ranking the advice,
+// --bandwidth (bytes per second a rank sends at); 0 when not given.
+struct FitOptions {
+  double memory = 0, bandwidth = 0;
+};
+// The memory one rank has: --memory when given; else unknown (bytes 0) for backend%device =
+// 'cuda'; else this node's memory (util/memory.hpp node_memory) over `ranks_per_node`.
+struct MemoryBudget {
+  double bytes = 0;
+  std::string source;  // "--memory", "node memory 23.54 GiB (/proc/meminfo MemTotal) / 2 ranks"
+};
+MemoryBudget memory_budget(const Config& config, const FitOptions& fit, int ranks_per_node);
+
+// The largest predicted shard of a validated config: tp, ep and cp ranks hold shards of the
+// same size, so one per pipeline stage p, at (t, p, e) = (0, p, 0).
+struct LargestShard {
+  int p = 0;
+  double bytes = 0;
+};
+LargestShard largest_shard(const Config& config);
+
+// The rates that turn extra FLOPs and bytes into step time: backend%peak_gflops and
+// --bandwidth, or assumed figures (said so) when the deck and the command line give none:
+// 100 GFLOP/s and 10 GB/s per rank on CPUs, 100 TFLOP/s and 100 GB/s per GPU.
+struct StepRates {
+  double gflops = 0, bandwidth = 0;  // per rank; bandwidth in bytes/s
+  bool gflops_assumed = false, bandwidth_assumed = false;
+};
+StepRates step_rates(const Config& config, double bandwidth);
+
+// A change to the deck that makes every shard fit. Candidates: a higher train%recompute
+// level, a higher ZeRO stage (ep = 1, dense-grad group > 1), tp or pp times k for the same
+// world (dp divided by k; tp within a node), a smaller micro-batch (more micro-batches, the
+// same global batch), and their combinations. Each is the deck with the change, validated
+// for the world and run through estimate_memory and estimate_comm: one memory model.
+struct FitChange {
+  std::vector<std::string> sets;  // --set values, e.g. "train%recompute='selective'"
+  double largest = 0;             // bytes of the largest shard with the change
+  int largest_p = 0;              // its pipeline stage
+  double extra_flops = 0;         // per rank and step (recomputation)
+  double extra_bytes = 0;         // sent per rank and step, every group (rank 0's shard)
+  double bubble_before = 0, bubble = 0;
+  double extra_seconds = 0;  // predicted step-time increase at the StepRates
+  double fraction = 0;       // of the deck's predicted step time
+};
+// The smallest changes that fit `budget` bytes per rank (none is a superset, knob by knob, of
+// another), cheapest first; empty when the deck fits or nothing does. Combinations are tried
+// fewest steps first, at most 600 of them. `least` (optional) receives the smallest
+// largest-shard any candidate reaches, with its sets.
+std::vector<FitChange> fit_changes(const Config& config, int world, int ranks_per_node,
+                                   double budget, const StepRates& rates,
+                                   FitChange* least = nullptr);
+
+// The run's check: "" when every shard fits `budget`, else one line naming the largest
+// shard, the budget and the cheapest changes that fit (their --set options, predicted memory
+// and cost). budget.bytes 0 (unknown): "".
+std::string fit_refusal(const Config& config, const Layout& layout, const MemoryBudget& budget,
+                        double bandwidth);
+
+// The whole report, for a validated config on `layout`'s world; with the fit of every
+// shard, the recompute x ZeRO table and, when a shard does not fit, the advice.
+std::string plan_report(const Config& config, const Layout& layout, const FitOptions& fit = {});
 
 }  // namespace ptrain::parallel

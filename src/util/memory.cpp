@@ -1,6 +1,16 @@
 #include "util/memory.hpp"
 
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "util/error.hpp"
+#include "util/log.hpp"
 
 namespace ptrain {
 
@@ -38,6 +48,21 @@ void reset_peaks() {
   g_stats.peak = g_stats.current;
   g_stats.total_peak = g_stats.total_current;
 }
+void allocation_failed(MemCategory c, const std::string& label, std::size_t bytes,
+                       const char* why) {
+  std::string held;
+  for (int i = 0; i < static_cast<int>(MemCategory::count); ++i)
+    if (g_stats.current[std::size_t(i)] > 0)
+      held += cat(held.empty() ? "" : ", ", to_string(MemCategory(i)), " ",
+                  format_bytes(double(g_stats.current[std::size_t(i)])));
+  std::string words = why ? why : "";
+  words = words.substr(0, words.find('\n'));  // Kokkos' first line
+  throw Error(
+      cat("out of memory on rank ", log::rank(), ": ", format_bytes(double(bytes)), " for ",
+          to_string(c), " ('", label, "') with ", format_bytes(double(g_stats.total_current)),
+          " already tracked here", held.empty() ? "" : " (" + held + ")",
+          "; ptrain --plan with --memory predicts each category and what to change (", words, ")"));
+}
 }  // namespace memory
 
 std::string format_bytes(double bytes) {
@@ -50,6 +75,66 @@ std::string format_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
   return buf;
+}
+
+std::optional<double> parse_bytes(const std::string& text) {
+  std::string s;
+  for (char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch)))
+      s += char(std::tolower(static_cast<unsigned char>(ch)));
+  if (s.size() > 2 && s.compare(s.size() - 2, 2, "/s") == 0) s.resize(s.size() - 2);
+  if (s.empty()) return std::nullopt;
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  const double x = std::strtod(begin, &end);
+  if (end == begin || !std::isfinite(x) || x <= 0) return std::nullopt;
+  const std::string unit(end);
+  static const char* prefixes = "kmgtpe";
+  double scale = 0;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (const char* at = std::strchr(prefixes, unit[0]); at && *at) {
+    const int power = int(at - prefixes) + 1;
+    const std::string rest = unit.substr(1);
+    if (rest.empty() || rest == "i" || rest == "ib")
+      scale = std::pow(1024.0, power);
+    else if (rest == "b")
+      scale = std::pow(1000.0, power);
+  }
+  if (scale == 0) return std::nullopt;
+  return x * scale;
+}
+
+NodeMemory node_memory() {
+  NodeMemory m;
+  auto take = [&](double bytes, const char* source) {
+    if (bytes > 0 && (m.bytes == 0 || bytes < m.bytes)) m.bytes = bytes, m.source = source;
+  };
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kib = 0;
+    while (in >> key >> kib) {
+      if (key == "MemTotal:") {
+        take(kib * 1024.0, "/proc/meminfo MemTotal");
+        break;
+      }
+      in.ignore(1 << 20, '\n');
+    }
+  }
+  if (m.bytes == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) take(double(pages) * double(page), "sysconf physical pages");
+  }
+  // A limit of "max" (v2) or one near 2^63 (v1, none set) reads as no limit.
+  for (const auto& [path, name] :
+       {std::pair<const char*, const char*>{"/sys/fs/cgroup/memory.max", "cgroup memory.max"},
+        {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "cgroup memory.limit_in_bytes"}}) {
+    std::ifstream in(path);
+    double limit = 0;
+    if (in >> limit && limit < 1e18) take(limit, name);
+  }
+  return m;
 }
 
 }  // namespace ptrain

@@ -1,10 +1,14 @@
 // util/memory.hpp — the one tracked allocator. Every long-lived buffer is a
 // TrackedView: a Kokkos::View whose bytes are counted under a category while it
-// lives, so the log can report each rank's current and peak use by category.
+// lives, so the log can report each rank's current and peak use by category. An
+// allocation that fails throws ptrain::Error naming the rank, the category, the label and
+// the size. Also the byte sizes users write (`--memory 80GiB`) and the memory of this node.
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <array>
 #include <cstddef>
+#include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -23,6 +27,10 @@ void add(MemCategory c, std::size_t bytes);
 void sub(MemCategory c, std::size_t bytes);
 const MemoryStats& stats();
 void reset_peaks();  // peaks restart from the current use
+// Throws Error (a fault of this rank, kExitRuntime): "out of memory on rank R: <size> for
+// <category> ('<label>') with <tracked> already tracked here (...); <allocator's words>".
+[[noreturn]] void allocation_failed(MemCategory c, const std::string& label, std::size_t bytes,
+                                    const char* why);
 }  // namespace memory
 
 // A 1-D view of T whose bytes are charged to a category. Move-only.
@@ -32,7 +40,7 @@ class TrackedView {
   using view_type = Kokkos::View<T*>;
   TrackedView() = default;
   TrackedView(MemCategory cat, const std::string& label, std::size_t n)
-      : view_(label, n), cat_(cat), bytes_(n * sizeof(T)) {
+      : view_(allocate(cat, label, n)), cat_(cat), bytes_(n * sizeof(T)) {
     memory::add(cat_, bytes_);
   }
   TrackedView(const TrackedView&) = delete;
@@ -53,6 +61,14 @@ class TrackedView {
   T& operator[](std::size_t i) const { return view_(i); }
 
  private:
+  // Kokkos throws std::bad_alloc (3.x) or std::runtime_error (4.x) when it cannot allocate.
+  static view_type allocate(MemCategory cat, const std::string& label, std::size_t n) {
+    try {
+      return view_type(label, n);
+    } catch (const std::exception& e) {
+      memory::allocation_failed(cat, label, n * sizeof(T), e.what());
+    }
+  }
   void swap(TrackedView& o) noexcept {
     std::swap(view_, o.view_);
     std::swap(cat_, o.cat_);
@@ -65,5 +81,20 @@ class TrackedView {
 
 // "1.23 GiB"
 std::string format_bytes(double bytes);
+
+// A size as users write it: "80GiB", "80 GiB", "512M", "1.5TB", "1048576" (bytes). Binary
+// units B, KiB, MiB, GiB, TiB, PiB, EiB and their one-letter forms K, M, G, T, P, E (as
+// Slurm's --mem); decimal kB, MB, GB, TB, PB, EB; any case; a trailing "/s" is allowed (a
+// bandwidth). Empty when the text is not such a size or is not positive.
+std::optional<double> parse_bytes(const std::string& text);
+
+// The memory of this node a process may use: the smallest of /proc/meminfo's MemTotal and a
+// cgroup limit (v2 memory.max, v1 memory.limit_in_bytes: a container's or a Slurm job's),
+// else sysconf's physical pages. `source` says which ("MemTotal", "cgroup memory.max", ...).
+struct NodeMemory {
+  double bytes = 0;
+  std::string source;
+};
+NodeMemory node_memory();
 
 }  // namespace ptrain
