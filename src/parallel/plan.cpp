@@ -211,9 +211,7 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   const bool mixed = config.model.dtype == "bf16";  // fp32 master weights and moments
   const double state_w = mixed ? 4.0 : w;
   const double moments = config.train.optimizer == "adamw" ? 2.0 : 0.0;
-  // Merge point for ZeRO with expert parallelism: when data_parallel_sizes takes the
-  // expert-grad group's size, pass expert_grad_size(config) here and shard the expert_*_bytes
-  // below over it instead of the dense-grad group.
+  // With experts split over ep, ZeRO shards them over the expert-grad group.
   for (const auto& ch : chunks) {
     const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
                                        config.parallel.bucket_mb, std::size_t(w),
@@ -547,10 +545,8 @@ class FitSearch {
     k.zero = int(base_.parallel.zero);
     return k;
   }
-  // ZeRO stages change anything only over more than one rank, and experts split over ep train
-  // with ZeRO 0 only (parallel::check_supported).
-  // (Merge point: drop the ep == 1 condition here and in evaluate() once ZeRO works with ep.)
-  bool zero_helps() const { return base_.parallel.ep == 1 && dense_grad_size(base_) > 1; }
+  // ZeRO stages change anything only over more than one rank.
+  bool zero_helps() const { return dense_grad_size(base_) > 1; }
 
   // The deck with k, validated for the world, and its largest shard; null when the deck's
   // rules refuse the combination.
@@ -620,7 +616,6 @@ class FitSearch {
     c.parallel.tp *= k.tp, c.parallel.pp *= k.pp;
     c.parallel.dp /= k.tp * k.pp;
     c.train.micro_batch /= k.micro;
-    if (c.parallel.ep > 1 && c.parallel.zero > 0) return std::nullopt;
     try {
       deck::validate(c, world_);
       return Point{c, largest_of(c)};
