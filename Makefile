@@ -9,6 +9,14 @@ include Makefile.inc
 # A Debian path (the MPI flavour's wrappers and launcher) on Debian, nothing elsewhere. It does
 # not ask whether the file exists: on a fresh machine `make deps` installs it first.
 debian_path = $(if $(wildcard /etc/debian_version),$(1))
+# A configured build folder keeps its MPI flavour: without MPI on the command line (or in the
+# environment), make there uses the folder's, e.g. `make install BUILD_DIR=build-mpich`.
+ifeq ($(origin MPI),file)
+  MPI_OF_BUILD_DIR := $(shell sed -n 's/^PTRAIN_MPI:[A-Z]*=//p' $(BUILD_DIR)/CMakeCache.txt 2>/dev/null)
+  ifneq ($(MPI_OF_BUILD_DIR),)
+    MPI := $(MPI_OF_BUILD_DIR)
+  endif
+endif
 ifeq ($(filter $(MPI),openmpi mpich),)
   $(error Makefile.inc: MPI = $(MPI); use openmpi or mpich)
 endif
