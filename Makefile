@@ -6,11 +6,28 @@
 #   make install  install to $(PREFIX), with the Lmod modulefile
 include Makefile.inc
 
-ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
+# A Debian path (the MPI flavour's wrappers and launcher) on Debian, nothing elsewhere. It does
+# not ask whether the file exists: on a fresh machine `make deps` installs it first.
+debian_path = $(if $(wildcard /etc/debian_version),$(1))
+# A configured build folder keeps its MPI flavour: without MPI on the command line (or in the
+# environment), make there uses the folder's, e.g. `make install BUILD_DIR=build-mpich`.
+ifeq ($(origin MPI),file)
+  MPI_OF_BUILD_DIR := $(shell sed -n 's/^PTRAIN_MPI:[A-Z]*=//p' $(BUILD_DIR)/CMakeCache.txt 2>/dev/null)
+  ifneq ($(MPI_OF_BUILD_DIR),)
+    MPI := $(MPI_OF_BUILD_DIR)
+  endif
+endif
+ifeq ($(filter $(MPI),openmpi mpich),)
+  $(error Makefile.inc: MPI = $(MPI); use openmpi or mpich)
+endif
+
 CMAKE_ARGS = -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
   -DCMAKE_CXX_COMPILER=$(CXX) -DCMAKE_C_COMPILER=$(CC) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
   -DPTRAIN_ENABLE_CUDA=$(ENABLE_CUDA) -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) \
-  -DPTRAIN_WERROR=$(WERROR) -DPTRAIN_ARCH_FLAGS="$(ARCH_FLAGS)" \
+  -DPTRAIN_WERROR=$(WERROR) -DPTRAIN_ARCH_FLAGS="$(ARCH_FLAGS)" -DPTRAIN_MPI=$(MPI) \
+  $(if $(MPI_CC),-DMPI_C_COMPILER=$(MPI_CC)) $(if $(MPI_CXX),-DMPI_CXX_COMPILER=$(MPI_CXX)) \
+  $(if $(MPIEXEC),-DMPIEXEC_EXECUTABLE=$(MPIEXEC)) \
+  $(if $(HDF5_CC),-DHDF5_C_COMPILER_EXECUTABLE=$(HDF5_CC)) \
   $(if $(KOKKOS_ROOT),-DKokkos_ROOT=$(KOKKOS_ROOT)) \
   $(if $(HDF5_ROOT),-DHDF5_ROOT=$(HDF5_ROOT)) \
   $(if $(BLAS_ROOT),-DCMAKE_PREFIX_PATH=$(BLAS_ROOT))
@@ -45,14 +62,24 @@ deps:
 	  fi; \
 	fi
 
+# A build folder keeps the MPI flavour it was configured with: asking for the other one there
+# is an error, not a silent mix of two MPIs.
 configure: deps
-	@test -f $(BUILD_DIR)/CMakeCache.txt || cmake $(CMAKE_ARGS)
+	@if [ -f $(BUILD_DIR)/CMakeCache.txt ]; then \
+	  was=$$(sed -n 's/^PTRAIN_MPI:[A-Z]*=//p' $(BUILD_DIR)/CMakeCache.txt); \
+	  if [ -n "$$was" ] && [ "$$was" != "$(MPI)" ]; then \
+	    echo "make: $(BUILD_DIR) is configured for MPI=$$was, not MPI=$(MPI):" \
+	         "use another folder (e.g. BUILD_DIR=build-$(MPI)) or make clean"; exit 1; \
+	  fi; \
+	else cmake $(CMAKE_ARGS); fi
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# The launcher and the flags it needs here (mpiexec.env, written by CMake), then the site's.
 run: build
-	$(MPIEXEC) $(ROOT_FLAG) $(MPIEXEC_FLAGS) -np $(NP) $(BUILD_DIR)/ptrain $(DECK)
+	. $(BUILD_DIR)/mpiexec.env && $$MPIEXEC $$MPIEXEC_PREFLAGS $(MPIEXEC_FLAGS) -np $(NP) \
+	  $(BUILD_DIR)/ptrain $(DECK)
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure

@@ -151,24 +151,53 @@ int run_plan(const Options& o, int world_rank, int world_size) {
   return kExitOk;
 }
 
-// The BLAS threads of this rank: backend%blas_threads, or the node's cores shared among
-// the ranks on it (never more threads than cores: no oversubscribed busy-waiting pools).
-int blas_threads_for(const Config& config, const Grid& grid) {
-  if (config.backend.blas_threads > 0) return int(config.backend.blas_threads);
+// This rank's threads (backend%threads): the node's cores shared among the ranks on it
+// unless the deck says otherwise, never more threads than cores.
+int threads_for(const Config& config, const Grid& grid) {
+  if (config.backend.threads > 0) return int(config.backend.threads);
   int ranks_here = 0;
   MPI_Comm_size(grid.node_comm(), &ranks_here);
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, ranks_here));
 }
 
+// Kokkos with `threads` host threads (an OpenMP or Threads backend takes them; Serial runs on
+// one) and Kokkos' own warnings off (its OpenMP backend warns on every rank when
+// OMP_PROC_BIND is unset). Kokkos 3.7 replaced InitArguments by InitializationSettings
+// (Kokkos 4 has only the latter): the one Kokkos version test in the code.
+struct KokkosScope {
+  explicit KokkosScope(int threads) {
+#if KOKKOS_VERSION >= 30700
+    Kokkos::initialize(Kokkos::InitializationSettings().set_num_threads(threads).set_disable_warnings(true));
+#else
+    Kokkos::InitArguments args;
+    args.num_threads = threads;
+    args.disable_warnings = true;
+    Kokkos::initialize(args);
+#endif
+  }
+  ~KokkosScope() { Kokkos::finalize(); }
+  KokkosScope(const KokkosScope&) = delete;
+  KokkosScope& operator=(const KokkosScope&) = delete;
+};
+
+// BLAS and the host kernels take turns on the same cores (gemm fences the kernels first), so
+// both get the rank's threads: backend%blas_threads overrides BLAS's share.
+int blas_threads_for(const Config& config, int threads) {
+  return config.backend.blas_threads > 0 ? int(config.backend.blas_threads) : threads;
+}
+
 // Sets this rank's BLAS threads and returns the per-rank peak MFU is measured against:
 // backend%peak_gflops, or an sgemm probe.
-double peak_gflops(const Config& config, const Grid& grid, bool bench) {
-  const int threads = blas_threads_for(config, grid);
-  kernels::set_blas_threads(threads);
+double peak_gflops(const Config& config, int threads, bool bench) {
+  const int blas = blas_threads_for(config, threads);
+  kernels::set_blas_threads(blas);
+  log::info(cat("threads: ", threads, " per rank; host kernels on ",
+                Kokkos::DefaultHostExecutionSpace::name(), " with ",
+                Kokkos::DefaultHostExecutionSpace().concurrency(), ", BLAS ", blas));
   if (config.backend.peak_gflops > 0) return config.backend.peak_gflops;
   const double peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3);
-  log::info(cat("peak: sgemm probe (1024x768x3072, ", threads, " BLAS thread(s) per rank) = ",
+  log::info(cat("peak: sgemm probe (1024x768x3072, ", blas, " BLAS thread(s) per rank) = ",
                 fixed("%.1f", peak), " GFLOP/s per rank; MFU is measured against it"));
   return peak;
 }
@@ -187,9 +216,9 @@ void log_model_and_data(const Config& config, const parallel::Trainer<T>& traine
 }
 
 template <class T>
-int train(const Config& config, const Grid& grid, bool bench) {
+int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const int world = grid.world_size();
-  const double peak = peak_gflops(config, grid, bench);
+  const double peak = peak_gflops(config, threads, bench);
   memory::reset_peaks();  // the sgemm probe's buffers are gone: the peaks are the run's
   parallel::Trainer<T> trainer(config, grid);
   log_model_and_data(config, trainer);
@@ -302,10 +331,11 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   }
   if (o.plan) return run_plan(o, world_rank, world_size);
 
-  Kokkos::ScopeGuard kokkos(argc, argv);
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
+  const int threads = threads_for(config, grid);  // the deck and the node map decide them
+  KokkosScope kokkos(threads);
   log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,
                 " on ", world_size, " rank(s)"));
   log::info(grid.describe());
@@ -323,15 +353,16 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   MPI_Barrier(MPI_COMM_WORLD);
   parallel::check_supported(config, world_size);
   check_fits(config, grid, o);  // before the trainer allocates anything
-  return config.model.dtype == "fp64" ? train<double>(config, grid, o.bench)
-                                      : train<float>(config, grid, o.bench);
+  return config.model.dtype == "fp64" ? train<double>(config, grid, threads, o.bench)
+                                      : train<float>(config, grid, threads, o.bench);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   signals::install_stop_handlers();  // a stop signal during set-up is a request, not a kill
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // only the main thread calls MPI; Kokkos OpenMP threads never do
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

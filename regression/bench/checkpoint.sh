@@ -8,8 +8,8 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 ptrain=${1:-$here/build/ptrain}
 dir=$(mktemp -d "${2:-${TMPDIR:-/tmp}}/ptrain-ckpt-bench.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
-mpirun=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+source "$here/regression/bench/launcher.sh"
+bench_launcher "$ptrain"
 
 dd_out=$(dd if=/dev/zero of="$dir/dd.bin" bs=16M count=96 conv=fdatasync 2>&1 | tail -1)
 rm -f "$dir/dd.bin"

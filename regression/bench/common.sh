@@ -6,8 +6,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ptrain=${1:-$here/build/ptrain}
 steps=${2:-4}
 deck=$here/input/gpt2-124m.nml
-mpirun=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+source "$here/regression/bench/launcher.sh"
+bench_launcher "$ptrain"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 shape=(--set model%vocab=50304 --set model%seq_len=256 --set train%global_batch=4
        --set run%steps="$steps" --set run%eval_every=0 --set run%log_every=1000

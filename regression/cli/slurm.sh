@@ -188,6 +188,8 @@ submit j_train --ntasks-per-node=2 "$jobs/train.sbatch" "$tiny" --set run%steps=
   --set train%micro_batch=8 --set "run%out_dir='$D/train'"
 submit j_mpirun --ntasks-per-node=2 --export="ALL,PATH=$D/fakebin:$PATH" "$jobs/train.sbatch" \
   "$tiny" --set run%steps=20 --set train%micro_batch=8 --set "run%out_dir='$D/train-mpirun'"
+submit j_threads --ntasks-per-node=1 --cpus-per-task=2 "$jobs/train.sbatch" "$tiny" --set run%steps=2 \
+  --set "run%out_dir='$D/train-threads'"
 submit j_gpu --ntasks-per-node=2 --cpus-per-task=1 --export="$stub" "$jobs/train-gpu.sbatch" \
   "$tiny" --set run%steps=20
 /usr/bin/python3 "$src/postprocess/sweep.py" generate "$tiny" "$D/sweep" train%lr=1e-3,3e-3 \
@@ -206,11 +208,19 @@ echo "slurm: train.sbatch trained 20 steps on 2 ranks through srun --mpi=pmix (j
 
 wait_job "$j_mpirun"
 completed "$j_mpirun" "ptrain-$j_mpirun.out"
-grep -q "ptrain-job: mpirun -np 2 --map-by core --bind-to core" "ptrain-$j_mpirun.out" ||
+grep -q "ptrain-job: mpirun -np 2 --map-by slot:PE=1 --bind-to core" "ptrain-$j_mpirun.out" ||
   fail "no mpirun fallback without PMIx: $(grep ptrain-job "ptrain-$j_mpirun.out")"
 [ "$(rows "$D/train-mpirun/log.csv")" = 21 ] || fail "mpirun fallback: log.csv has $(rows "$D/train-mpirun/log.csv") lines"
 grep -q " on 2 rank(s)" "ptrain-$j_mpirun.out" || fail "mpirun fallback did not start 2 ranks"
 echo "slurm: train.sbatch trained on 2 ranks through the mpirun fallback (job $j_mpirun)"
+
+wait_job "$j_threads"
+completed "$j_threads" "ptrain-$j_threads.out"
+grep -q "ptrain-job: srun --mpi=pmix --cpus-per-task=2 --cpu-bind=cores" "ptrain-$j_threads.out" ||
+  fail "one rank per node: not launched on its 2 cores: $(grep ptrain-job "ptrain-$j_threads.out")"
+grep -q "^threads: 2 per rank;" "ptrain-$j_threads.out" ||
+  fail "one rank per node: $(grep -m1 '^threads' "ptrain-$j_threads.out" || head -3 "ptrain-$j_threads.out")"
+echo "slurm: train.sbatch ran one rank with 2 threads (job $j_threads)"
 
 wait_job "$j_gpu"
 completed "$j_gpu" "ptrain-gpu-$j_gpu.out"

@@ -213,7 +213,18 @@ bool& space_check() {
 
 h5::Handle create_parallel(const std::string& path, MPI_Comm comm, const std::string& where) {
   auto fapl = h5::plist(H5Pcreate(H5P_FILE_ACCESS), where + "file access");
-  h5::check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where + "MPI-IO driver");
+  // ROMIO (the MPI-IO of MPICH and its kin) writes non-interleaved collective writes
+  // independently and returns at once, so a full disk fails the write on one rank only; HDF5
+  // 1.10 then skips a collective call (resetting the file view) on that rank and the others
+  // wait in it forever. Collective buffering ends every write with ROMIO's agreement on the
+  // error code, so every rank fails alike and collective_step reports it. Other MPI-IOs
+  // (Open MPI's OMPIO) ignore the hint.
+  MPI_Info info = MPI_INFO_NULL;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "romio_cb_write", "enable");
+  const herr_t set = H5Pset_fapl_mpio(fapl.get(), comm, info);  // HDF5 keeps a copy
+  MPI_Info_free(&info);
+  h5::check(set, where + "MPI-IO driver");
   h5::check(H5Pset_coll_metadata_write(fapl.get(), true), where + "collective metadata");
   // The 1.8 format stores attributes larger than 64 KiB (a long deck) densely.
   h5::check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), where + "format");

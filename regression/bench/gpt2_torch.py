@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""PyTorch reference for regression/bench/threads.sh: the GPT-2 that a resolved ptrain deck
+describes (pre-LayerNorm blocks, tanh GELU, causal attention, tied LM head, AdamW with
+weight decay, gradient clipping), trained on random tokens at its shapes, fp32, on the CPU.
+Prints the mean step time over the steps after the first.
+
+  gpt2_torch.py RESOLVED_DECK [steps=4]
+
+RESOLVED_DECK is the deck.nml ptrain writes into its out_dir, so both programs train the
+same shapes. Threads come from the environment: run it with OMP_NUM_THREADS=2
+OMP_WAIT_POLICY=PASSIVE (the best setting found on a 2-core machine).
+"""
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def read_deck(path):
+    """{group: {key: text}} from a namelist as ptrain echoes it (one key per line)."""
+    deck, group = {}, None
+    with open(path) as f:
+        for line in f:
+            line = line.split("!", 1)[0].strip()
+            if line.startswith("&"):
+                group = deck.setdefault(line[1:].strip(), {})
+            elif line == "/":
+                group = None
+            elif group is not None and "=" in line:
+                key, value = (s.strip() for s in line.split("=", 1))
+                group[key] = value.strip("'")
+    return deck
+
+
+class Block(torch.nn.Module):
+    def __init__(self, C, NH, F_):
+        super().__init__()
+        self.nh = NH
+        self.ln1, self.ln2 = torch.nn.LayerNorm(C), torch.nn.LayerNorm(C)
+        self.qkv, self.proj = torch.nn.Linear(C, 3 * C), torch.nn.Linear(C, C)
+        self.fc, self.fc_proj = torch.nn.Linear(C, F_), torch.nn.Linear(F_, C)
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.nh, C // self.nh).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.nh))
+        att = att.masked_fill(mask[:T, :T], float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, L, C, NH, V, T, F_):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(V, C), torch.nn.Embedding(T, C)
+        self.blocks = torch.nn.ModuleList(Block(C, NH, F_) for _ in range(L))
+        self.lnf = torch.nn.LayerNorm(C)
+        self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).triu(1))
+        for p in self.parameters():
+            if p.dim() > 1:
+                torch.nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x, self.mask)
+        logits = self.lnf(x) @ self.wte.weight.t()  # tied LM head
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    deck = read_deck(sys.argv[1])
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    m, t = deck["model"], deck["train"]
+    if m.get("dtype", "fp32") != "fp32" or t.get("optimizer", "adamw") != "adamw":
+        sys.exit("gpt2_torch.py: the reference trains fp32 with AdamW only")
+    L, C, NH, V, T = (int(m[k]) for k in ("n_layer", "d_model", "n_head", "vocab", "seq_len"))
+    B = int(t["global_batch"])
+    torch.manual_seed(int(deck["run"].get("seed", "1234")))
+    model = GPT(L, C, NH, V, T, int(m.get("ffn_mult", "4")) * C)
+    opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]),
+                            betas=(float(t["beta1"]), float(t["beta2"])),
+                            weight_decay=float(t["weight_decay"]))
+    clip = float(t.get("clip", "0"))
+    times = []
+    for _ in range(steps):
+        idx = torch.randint(0, V, (B, T))
+        targets = torch.randint(0, V, (B, T))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, targets)
+        loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    after = times[1:] or times
+    print(f"torch {torch.__version__}: {sum(p.numel() for p in model.parameters())} parameters, "
+          f"B={B} T={T}, {torch.get_num_threads()} threads "
+          f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), final loss {loss.item():.4f}")
+    print(f"torch: {sum(after) / len(after):.4f} s/step (mean of {len(after)} steps after the first)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Benchmark (issue 16): one rank with 2 threads (backend%threads = 2: the host kernels on
+# Kokkos OpenMP and BLAS) on GPT-2 124M shapes (vocab 50304, B=4, T=256, fp32, AdamW),
+# against the 2-thread sgemm peak ptrain's --bench probe measures in the same run, and
+# against PyTorch (regression/bench/gpt2_torch.py on the same resolved deck) at its best
+# setting here, OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE. ptrain runs twice, with OpenMP's
+# default wait policy and with PASSIVE. Prints s/step, the share of the sgemm peak, the
+# optimizer's share of the step, and PyTorch's time over ptrain's.
+#   regression/bench/threads.sh [build/ptrain] [steps] [--set group%key=value ...]
+# Build ptrain against a Kokkos with OpenMP (make KOKKOS_ROOT=... BUILD_DIR=build-k4): with a
+# Serial Kokkos only BLAS is threaded (the "threads:" line says which). Extra --set options
+# change the shapes for both programs (e.g. a tiny model to check the script runs).
+# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, if this machine's environment sets them (a
+# workaround forcing old AVX2 kernels), are unset for these commands only, as on a user's node.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+shift $(($# < 2 ? $# : 2))
+extra=("$@")
+# ptrain refuses a key set twice: the extra options replace the shape's settings of their keys.
+own=(--set train%micro_batch=4 --set backend%threads=2)
+kept=()
+for ((i = 0; i < ${#shape[@]}; i += 2)); do
+  key=${shape[i + 1]%%=*}
+  [[ " ${extra[*]} " == *" $key="* ]] || kept+=("${shape[i]}" "${shape[i + 1]}")
+done
+for ((i = 0; i < ${#own[@]}; i += 2)); do
+  key=${own[i + 1]%%=*}
+  [[ " ${extra[*]} " == *" $key="* ]] || kept+=("${own[i]}" "${own[i + 1]}")
+done
+[ -x "$ptrain" ] || { echo "threads.sh: no executable $ptrain" >&2; exit 1; }
+native=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+
+# ptrain_run NAME ENV...: one rank, 2 threads, --bench; prints "s/step peak% optimizer% peak"
+ptrain_run() {
+  local name=$1; shift
+  "${native[@]}" "$@" "${mpirun[@]}" --bind-to none -np 1 "$ptrain" "$deck" --bench "${kept[@]}" \
+    --set run%out_dir="'$tmp/$name'" "${extra[@]}" >"$tmp/$name.log" 2>&1 || { grep -v "^---\|^ \|^$" "$tmp/$name.log" | tail -5 >&2; exit 1; }
+  grep -m1 "^threads: " "$tmp/$name.log" >&2
+  local step peak share opt
+  step=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+                  NR > 2 { s += $col["t_step"]; n++ } END { if (n) printf "%.4f", s / n }' "$tmp/$name/log.csv")
+  peak=$(sed -n 's/^peak: sgemm probe.* = \([0-9.]*\) GFLOP\/s per rank.*/\1/p' "$tmp/$name.log")
+  share=$(sed -n 's/^done: .* = \([0-9.]*\)% of peak.*/\1/p' "$tmp/$name.log")
+  opt=$(awk '$1 == "optimizer" && $3 == "s" { print $4 }' "$tmp/$name.log")
+  [ -n "$step" ] && [ -n "$peak" ] && [ -n "$share" ] && [ -n "$opt" ] ||
+    { echo "threads.sh: cannot read $name's results (see its log)" >&2; cat "$tmp/$name.log" >&2; exit 1; }
+  echo "$step $share ${opt%\%} $peak"
+}
+
+read -r t_def share_def opt_def peak_def < <(ptrain_run default)
+read -r t_pas share_pas opt_pas peak_pas < <(ptrain_run passive OMP_WAIT_POLICY=PASSIVE)
+torch_out=$("${native[@]}" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 \
+  "$here/regression/bench/gpt2_torch.py" "$tmp/default/deck.nml" "$steps") ||
+  { echo "threads.sh: gpt2_torch.py failed: $torch_out" >&2; exit 1; }
+echo "$torch_out" | head -1
+t_torch=$(sed -n 's/^torch: \([0-9.]*\) s\/step.*/\1/p' <<<"$torch_out")
+
+printf '%-36s %9s %16s %10s %12s\n' run "s/step" "of sgemm peak" optimizer "torch/ptrain"
+row() {  # row LABEL SECONDS SHARE OPT PEAK
+  printf '%-36s %9.3f %7.1f%% of %-5.0f %9.1f%% %12.2f\n' "$1" "$2" "$3" "$5" "$4" \
+    "$(awk -v a="$t_torch" -v b="$2" 'BEGIN { print a / b }')"
+}
+row "ptrain, 2 threads" "$t_def" "$share_def" "$opt_def" "$peak_def"
+row "ptrain, 2 threads, OMP PASSIVE" "$t_pas" "$share_pas" "$opt_pas" "$peak_pas"
+printf '%-36s %9.3f\n' "PyTorch, 2 threads, OMP PASSIVE" "$t_torch"
+echo "(sgemm peak: GFLOP/s of ptrain's 2-thread probe in that run; target: >= 90% of it," \
+     "optimizer < 4% of the step, >= 3x PyTorch)"
