@@ -53,12 +53,16 @@ STEPS=16 MB=2 run 4 t2d2 --set parallel%tp=2 --set parallel%zero=1 --set checkpo
 SRC="$tmp/t2d2/checkpoints/ckpt_00000016.h5" check_grid t2d2_to_1 1
 MB=2 SRC="$tmp/t2d2/checkpoints/ckpt_00000016.h5" check_grid t2d2_to_d4 4 --set parallel%zero=2
 
-# SIGUSR1: finish the step, checkpoint, exit 0; then resume to the same result.
-"$PTRAIN" "$deck" --set model%dtype="'fp64'" --set run%steps=100000 --set train%micro_batch=4 \
-  --set model%vocab=61 --set run%out_dir="'$tmp/sig'" --set run%log_every=1 >"$tmp/sig.log" 2>&1 &
+# SIGUSR1: finish the step, checkpoint, exit 0; then resume to the same result. Started
+# through the launcher (an MPICH singleton can hang reaching for its process manager), the
+# signal goes to ptrain itself: the process whose command line starts with $PTRAIN.
+timeout 300 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 1 "$PTRAIN" "$deck" --set model%dtype="'fp64'" \
+  --set run%steps=100000 --set train%micro_batch=4 --set model%vocab=61 \
+  --set run%out_dir="'$tmp/sig'" --set run%log_every=1 >"$tmp/sig.log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do grep -q "^step *5/" "$tmp/sig.log" 2>/dev/null && break; sleep 0.05; done
-kill -USR1 $pid
+rank=$(pgrep -f "^$PTRAIN .*$tmp/sig" | head -1) || fail "SIGUSR1: no ptrain process: $(tail -3 "$tmp/sig.log")"
+kill -USR1 "$rank"
 set +e; wait $pid; rc=$?; set -e
 [ "$rc" = 0 ] || fail "SIGUSR1: exit $rc: $(tail -3 "$tmp/sig.log")"
 grep -q "stopped by signal 10 after step" "$tmp/sig.log" || fail "no signal message"
