@@ -215,6 +215,21 @@ void log_model_and_data(const Config& config, const parallel::Trainer<T>& traine
                   " nats/token (the best achievable loss)"));
 }
 
+// Rank 0's measured peak of every memory category, with --plan's prediction for its shard
+// beside it.
+void log_memory_peaks(const Config& config) {
+  const MemoryStats m = memory::stats();
+  const parallel::MemoryEstimate plan =
+      parallel::estimate_memory(config, parallel::plan_shard(config, 0, 0, 0));
+  std::string parts;
+  for (std::size_t c = 0; c < std::size_t(MemCategory::count); ++c)
+    parts += cat(c ? ", " : "", to_string(MemCategory(c)), " ", format_bytes(double(m.peak[c])),
+                 " (plan ", format_bytes(plan.bytes[c]), ")");
+  log::info(cat("memory: peak ", format_bytes(double(m.total_peak)),
+                " on rank 0 (by category, each at its own peak: ", parts, "); plan total ",
+                format_bytes(plan.total()), " (the categories' peaks summed)"));
+}
+
 template <class T>
 int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const int world = grid.world_size();
@@ -283,18 +298,8 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
                 "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
                 " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
                 " of peak (steps after the first)"));
-  {  // rank 0's measured peaks beside --plan's prediction for its shard
-    const MemoryStats m = memory::stats();
-    const parallel::MemoryEstimate plan =
-        parallel::estimate_memory(config, parallel::plan_shard(config, 0, 0, 0));
-    std::string parts;
-    for (std::size_t c = 0; c < std::size_t(MemCategory::count); ++c)
-      parts += cat(c ? ", " : "", to_string(MemCategory(c)), " ", format_bytes(double(m.peak[c])),
-                   " (plan ", format_bytes(plan.bytes[c]), ")");
-    log::info(cat("memory: peak ", format_bytes(double(m.total_peak)),
-                  " on rank 0 (by category, each at its own peak: ", parts, "); plan total ",
-                  format_bytes(plan.total()), " (the categories' peaks summed)"));
-  }
+  log_memory_peaks(config);
+
   if (bench)
     log::info(
         parallel::bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));

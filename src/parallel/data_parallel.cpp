@@ -82,8 +82,8 @@ DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, i
   s.shard = map.storage;
   // The whole buffers: padded to D equal shards (one in-place all-gather) without split
   // experts; with them the shards live apart, packed beside the whole buffers under ZeRO 1/2.
-  const std::int64_t whole = map.split() ? s.numel : s.shard * D;
-  const std::int64_t packed = map.split() ? s.shard : 0;
+  s.whole = map.split() ? s.numel : s.shard * D;
+  const std::int64_t whole = s.whole, packed = map.split() ? s.shard : 0;
   const auto units = model::units_of(layout);
   const std::int64_t emb = max_unit(units, true), other = max_unit(units, false);
   const std::int64_t windows = emb + 2 * other;  // the embedding's and two rotating ones
@@ -121,26 +121,18 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       : dp_(dp), map_(dp.map_), units_(model::units_of(layout)) {
     const auto& z = dp.sizes_;
     const int zero = dp.zero_;
-    const bool split = map_.split();
-    const std::int64_t whole = split ? z.numel : z.shard * map_.spaces[0].D;
-    if (zero <= 2) {
-      params_ = TrackedView<T>(MemCategory::params, "ptrain::params", std::size_t(whole));
-      if (zero >= 1 && split)
-        owned_params_ =
-            TrackedView<T>(MemCategory::params, "ptrain::params.owned", std::size_t(z.shard));
-    } else {
-      owned_params_ =
-          TrackedView<T>(MemCategory::params, "ptrain::params.shard", std::size_t(z.shard));
-    }
-    if (zero <= 1) {
-      grads_ = TrackedView<T>(MemCategory::grads, "ptrain::grads", std::size_t(whole));
-      if (zero == 1 && split)
-        owned_grads_ =
-            TrackedView<T>(MemCategory::grads, "ptrain::grads.owned", std::size_t(z.shard));
-    } else {
-      owned_grads_ =
-          TrackedView<T>(MemCategory::grads, "ptrain::grads.shard", std::size_t(z.shard));
-    }
+    const std::int64_t whole = z.whole;
+    // Whole up to ZeRO stage `whole_up_to`, else only the shard; with split experts under
+    // ZeRO >= 1 the owned elements are also kept packed beside the whole buffer.
+    auto allocate = [&](MemCategory c, const std::string& name, int whole_up_to,
+                        TrackedView<T>& all, TrackedView<T>& owned) {
+      if (zero <= whole_up_to) all = TrackedView<T>(c, name, std::size_t(whole));
+      if (zero > whole_up_to || (zero >= 1 && map_.split()))
+        owned = TrackedView<T>(c, name + (zero > whole_up_to ? ".shard" : ".owned"),
+                               std::size_t(z.shard));
+    };
+    allocate(MemCategory::params, "ptrain::params", 2, params_, owned_params_);
+    allocate(MemCategory::grads, "ptrain::grads", 1, grads_, owned_grads_);
     if (zero <= 1) {
       // Buckets from the end of the buffer (the head) towards wte, as the backward goes.
       for (std::int64_t hi = whole; hi > 0; hi -= z.bucket) {

@@ -85,6 +85,7 @@ struct ShardMap {
 struct DataParallelSizes {
   std::int64_t numel = 0;                                   // N, the chunk's flat size
   std::int64_t shard = 0;                                   // owned storage (S without ep)
+  std::int64_t whole = 0;  // a whole buffer: padded to D*S without ep (in-place all-gather)
   std::int64_t params = 0, grads = 0, optimizer_range = 0;  // elements
   std::int64_t comm = 0;    // gradient/parameter windows and receive buffers
   std::int64_t bucket = 0;  // ZeRO 0/1 all-reduce bucket, elements

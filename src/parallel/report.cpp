@@ -74,6 +74,22 @@ std::string moe_column(std::int64_t layer, const char* what) {
   return cat("moe_h", layer, "_", what);
 }
 
+// Each MoE layer's loads into its log.csv cells; returns them as text for the log,
+// "h.1 164/247.8/319 (3.2% dropped), ...".
+std::string moe_layer_cells(const StepResult& r, std::map<std::string, std::string>& cell) {
+  std::string text;
+  for (const auto& m : r.moe_layers) {
+    cell[moe_column(m.layer, "min")] = fixed("%.0f", m.min);
+    cell[moe_column(m.layer, "mean")] = fixed("%.2f", m.mean);
+    cell[moe_column(m.layer, "max")] = fixed("%.0f", m.max);
+    cell[moe_column(m.layer, "dropped")] = fixed("%.6f", m.dropped);
+    text += cat(text.empty() ? "" : ", ", "h.", m.layer, " ", fixed("%.0f", m.min), "/",
+                fixed("%.1f", m.mean), "/", fixed("%.0f", m.max),
+                m.dropped > 0 ? fixed(" (%.1f%% dropped)", 100 * m.dropped) : "");
+  }
+  return text;
+}
+
 }  // namespace
 
 RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
@@ -150,16 +166,7 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
       {"moe_dropped", fixed("%.6f", r.moe_dropped)},
       {"moe_load_min", fixed("%.4f", r.moe_load_min)},
       {"moe_load_max", fixed("%.4f", r.moe_load_max)}};
-  std::string moe_text;
-  for (const auto& m : r.moe_layers) {
-    cell[moe_column(m.layer, "min")] = fixed("%.0f", m.min);
-    cell[moe_column(m.layer, "mean")] = fixed("%.2f", m.mean);
-    cell[moe_column(m.layer, "max")] = fixed("%.0f", m.max);
-    cell[moe_column(m.layer, "dropped")] = fixed("%.6f", m.dropped);
-    moe_text += cat(moe_text.empty() ? "" : ", ", "h.", m.layer, " ", fixed("%.0f", m.min), "/",
-                    fixed("%.1f", m.mean), "/", fixed("%.0f", m.max),
-                    m.dropped > 0 ? fixed(" (%.1f%% dropped)", 100 * m.dropped) : "");
-  }
+  const std::string moe_text = moe_layer_cells(r, cell);
   std::string comm_text;
   for (std::size_t i : groups_) {
     const GroupTraffic& t = traffic_[i];
