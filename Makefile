@@ -21,7 +21,20 @@ ifeq ($(filter $(MPI),openmpi mpich),)
   $(error Makefile.inc: MPI = $(MPI); use openmpi or mpich)
 endif
 
-CMAKE_ARGS = -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+# The CUDA backend: every file that includes Kokkos goes through the CUDA Kokkos' nvcc_wrapper.
+ifeq ($(ENABLE_CUDA),ON)
+  ifeq ($(KOKKOS_ROOT),)
+    $(error ENABLE_CUDA=ON needs KOKKOS_ROOT, a Kokkos built with CUDA (its bin/nvcc_wrapper compiles ptrain))
+  endif
+  ifeq ($(origin CXX),default)
+    CXX := $(KOKKOS_ROOT)/bin/nvcc_wrapper
+  endif
+  export PATH := $(CUDA_HOME)/bin:$(PATH)
+  CUDA_ARGS = -DCMAKE_CXX_FLAGS=-arch=sm_$(CUDA_ARCH) -DPTRAIN_BUILD_TESTS=OFF \
+              -DCUDAToolkit_ROOT=$(CUDA_HOME)
+endif
+
+CMAKE_ARGS = -S . -B $(BUILD_DIR) $(CUDA_ARGS) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
   -DCMAKE_CXX_COMPILER=$(CXX) -DCMAKE_C_COMPILER=$(CC) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
   -DPTRAIN_ENABLE_CUDA=$(ENABLE_CUDA) -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) \
   -DPTRAIN_WERROR=$(WERROR) -DPTRAIN_ARCH_FLAGS="$(ARCH_FLAGS)" -DPTRAIN_MPI=$(MPI) \

@@ -46,9 +46,12 @@
 #include "util/trace.hpp"
 #include "util/version.hpp"
 
+// Everything lives in ptrain, not behind a `using namespace ptrain;` at file scope: nvcc
+// appends CUDA's math headers to every file, and their global `log` would clash with
+// ptrain::log.
+namespace ptrain {
 namespace {
 
-using namespace ptrain;
 using parallel::fixed;
 using parallel::format_duration;
 
@@ -339,6 +342,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
+  parallel::check_supported(config, world_size);  // before Kokkos starts on a device
   const int threads = threads_for(config, grid);  // the deck and the node map decide them
   KokkosScope kokkos(threads);
   log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,
@@ -356,15 +360,14 @@ int run(int argc, char** argv, int world_rank, int world_size) {
     log::info("resolved deck (also in " + config.run.out_dir + "/deck.nml):\n" + echo);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  parallel::check_supported(config, world_size);
   check_fits(config, grid, o);  // before the trainer allocates anything
   return config.model.dtype == "fp64" ? train<double>(config, grid, threads, o.bench)
                                       : train<float>(config, grid, threads, o.bench);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// MPI around run(): one rank's fault aborts the job; an error raised
+// on every rank alike exits cleanly with its code.
+int guarded_main(int argc, char** argv) {
   signals::install_stop_handlers();  // a stop signal during set-up is a request, not a kill
   int provided = 0;  // only the main thread calls MPI; Kokkos OpenMP threads never do
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
@@ -392,3 +395,8 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return code;
 }
+
+}  // namespace
+}  // namespace ptrain
+
+int main(int argc, char** argv) { return ptrain::guarded_main(argc, argv); }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-rank training through the driver: the loss reaches the synthetic entropy floor, the
 # echoed deck parses back, final weights are a real HDF5 file that init_from reads, bad data
-# stops before step 1, and (when the shared data set is present) a byte-level model of
-# tinyshakespeare gets below 2.0 nats/byte on validation.
+# stops before step 1, a GPU deck is refused in one line, and (when the shared data set is
+# present) a byte-level model of tinyshakespeare gets below 2.0 nats/byte on validation.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 cd "$tmp"
 last_col() { tail -n 1 "$1" | cut -d, -f"$2"; }  # log.csv: 2 = loss, 3 = val_loss
@@ -44,6 +44,15 @@ set -e
 [ "$rc" != 0 ] || fail "missing data file accepted"
 grep -q "none.txt" "$tmp/bad.log" || fail "message does not name the file: $(tail -3 "$tmp/bad.log")"
 grep -q "^step" "$tmp/bad.log" && fail "trained despite missing data"
+
+# 4b. A GPU deck on this (CPU) build: one line saying so, exit code 2, before Kokkos starts.
+set +e
+"$PTRAIN" "$PTRAIN_SOURCE_DIR/input/tiny.nml" --set backend%device="'cuda'" \
+  --set run%out_dir="'$tmp/gpu'" >"$tmp/gpu.log" 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "backend%device='cuda': exit code $rc, not 2: $(tail -3 "$tmp/gpu.log")"
+[ "$(grep -c . "$tmp/gpu.log")" = 1 ] && grep -q "built without CUDA" "$tmp/gpu.log" ||
+  fail "backend%device='cuda': not one line naming the build: $(cat "$tmp/gpu.log")"
 
 # 5. tinyshakespeare, when the shared data set is there.
 text="$PTRAIN_SOURCE_DIR/../shared/data/tinyshakespeare.txt"

@@ -59,8 +59,17 @@ void check_supported(const Config& c, int world_size) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
   (void)world_size;
-#ifndef PTRAIN_ENABLE_CUDA
   // What this build can run, not what the deck means: `--plan` plans a GPU deck anywhere.
+#ifdef PTRAIN_ENABLE_CUDA
+  // A CUDA Kokkos makes device memory the default, and the trainer still reads and writes its
+  // tensors on the host (BLAS gemm, MPI buffers, data, checkpoints): refuse, do not crash.
+  (void)c;
+  throw Error(
+      "this ptrain was built with -DPTRAIN_ENABLE_CUDA=ON, which plans (--plan) but "
+      "does not train yet: the GPU backend (device-resident tensors, cuBLAS gemm, NCCL "
+      "groups, bf16) is not implemented. Train with a CPU build",
+      kExitInput);
+#else
   if (c.backend.device == "cuda")
     throw Error("backend%device = 'cuda': this ptrain was built without CUDA (configure with "
                 "-DPTRAIN_ENABLE_CUDA=ON)",
