@@ -195,9 +195,11 @@ int blas_threads_for(const Config& config, int threads) {
 double peak_gflops(const Config& config, int threads, bool bench) {
   const int blas = blas_threads_for(config, threads);
   kernels::set_blas_threads(blas);
+  const int kernel_threads = Kokkos::DefaultHostExecutionSpace().concurrency();
   log::info(cat("threads: ", threads, " per rank; host kernels on ",
-                Kokkos::DefaultHostExecutionSpace::name(), " with ",
-                Kokkos::DefaultHostExecutionSpace().concurrency(), ", BLAS ", blas));
+                Kokkos::DefaultHostExecutionSpace::name(), " with ", kernel_threads, ", BLAS ",
+                blas, " (", kernels::blas_name(), ")"));
+  if (auto w = kernels::blas_spin_warning(kernel_threads, blas); !w.empty()) log::warn(w);
   if (config.backend.peak_gflops > 0) return config.backend.peak_gflops;
   const double peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3);
   log::info(cat("peak: sgemm probe (1024x768x3072, ", blas, " BLAS thread(s) per rank) = ",

@@ -3,8 +3,10 @@
 # Kokkos OpenMP and BLAS) on GPT-2 124M shapes (vocab 50304, B=4, T=256, fp32, AdamW),
 # against the 2-thread sgemm peak ptrain's --bench probe measures in the same run, and
 # against PyTorch (regression/bench/gpt2_torch.py on the same resolved deck) at its best
-# setting here, OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE. ptrain runs twice, with OpenMP's
-# default wait policy and with PASSIVE. Prints s/step, the share of the sgemm peak, the
+# setting here, OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE. ptrain runs as the job scripts
+# start it (OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=PASSIVE: idle BLAS and OpenMP threads
+# sleep instead of spinning on the cores the other side works on), then with OpenMP's
+# default wait policy, then with neither. Prints s/step, the share of the sgemm peak, the
 # optimizer's share of the step, and PyTorch's time over ptrain's.
 #   regression/bench/threads.sh [build/ptrain] [steps] [--set group%key=value ...]
 # Build ptrain against a Kokkos with OpenMP (make KOKKOS_ROOT=... BUILD_DIR=build-k4): with a
@@ -46,8 +48,9 @@ ptrain_run() {
   echo "$step $share ${opt%\%} $peak"
 }
 
-read -r t_def share_def opt_def peak_def < <(ptrain_run default)
-read -r t_pas share_pas opt_pas peak_pas < <(ptrain_run passive OMP_WAIT_POLICY=PASSIVE)
+read -r t_job share_job opt_job peak_job < <(ptrain_run job OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=PASSIVE)
+read -r t_act share_act opt_act peak_act < <(ptrain_run active -u OMP_WAIT_POLICY OPENBLAS_THREAD_TIMEOUT=4)
+read -r t_spin share_spin opt_spin peak_spin < <(ptrain_run spin -u OMP_WAIT_POLICY -u OPENBLAS_THREAD_TIMEOUT)
 torch_out=$("${native[@]}" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 \
   "$here/regression/bench/gpt2_torch.py" "$tmp/default/deck.nml" "$steps") ||
   { echo "threads.sh: gpt2_torch.py failed: $torch_out" >&2; exit 1; }
@@ -59,8 +62,9 @@ row() {  # row LABEL SECONDS SHARE OPT PEAK
   printf '%-36s %9.3f %7.1f%% of %-5.0f %9.1f%% %12.2f\n' "$1" "$2" "$3" "$5" "$4" \
     "$(awk -v a="$t_torch" -v b="$2" 'BEGIN { print a / b }')"
 }
-row "ptrain, 2 threads" "$t_def" "$share_def" "$opt_def" "$peak_def"
-row "ptrain, 2 threads, OMP PASSIVE" "$t_pas" "$share_pas" "$opt_pas" "$peak_pas"
+row "ptrain, 2 threads (job scripts)" "$t_job" "$share_job" "$opt_job" "$peak_job"
+row "  OpenMP threads spin" "$t_act" "$share_act" "$opt_act" "$peak_act"
+row "  OpenMP and BLAS threads spin" "$t_spin" "$share_spin" "$opt_spin" "$peak_spin"
 printf '%-36s %9.3f\n' "PyTorch, 2 threads, OMP PASSIVE" "$t_torch"
 echo "(sgemm peak: GFLOP/s of ptrain's 2-thread probe in that run; target: >= 90% of it," \
      "optimizer < 4% of the step, >= 3x PyTorch)"

@@ -3,7 +3,8 @@
 # Serial Kokkos runs them on one) and to BLAS, which take turns; backend%blas_threads
 # overrides BLAS's share; the default is cores per node / ranks per node. An fp64 run gives
 # the same losses and gradient norms with 1 and 2 threads to 1e-12 (OpenMP reductions may
-# add in another order), whichever Kokkos backend this build has.
+# add in another order), whichever Kokkos backend this build has. With OpenMP kernels and
+# pthreaded OpenBLAS, a warning names OPENBLAS_THREAD_TIMEOUT and OMP_WAIT_POLICY when unset.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/lib/compare.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
@@ -20,10 +21,20 @@ line2=$(run t2 --set backend%threads=2)
 line3=$(run t2b1 --set backend%threads=2 --set backend%blas_threads=1)
 echo "$line1"; echo "$line2"; echo "$line3"
 space=$(sed -n 's/.*host kernels on \([A-Za-z]*\) with.*/\1/p' <<<"$line2")
-[[ "$line1" == "threads: 1 per rank; host kernels on $space with 1, BLAS 1" ]] || fail "threads=1: $line1"
+[[ "$line1" == "threads: 1 per rank; host kernels on $space with 1, BLAS 1 ("*")" ]] || fail "threads=1: $line1"
 if [ "$space" = Serial ]; then want=1; else want=2; fi
-[[ "$line2" == "threads: 2 per rank; host kernels on $space with $want, BLAS 2" ]] || fail "threads=2: $line2"
-[[ "$line3" == "threads: 2 per rank; host kernels on $space with $want, BLAS 1" ]] || fail "blas_threads: $line3"
+[[ "$line2" == "threads: 2 per rank; host kernels on $space with $want, BLAS 2 ("*")" ]] || fail "threads=2: $line2"
+[[ "$line3" == "threads: 2 per rank; host kernels on $space with $want, BLAS 1 ("*")" ]] || fail "blas_threads: $line3"
+# OpenBLAS's spinning pthreads beside threaded kernels: warned of, unless the timeout is set.
+if [ "$want" = 2 ] && [[ "$line2" == *"(OpenBLAS, pthreads)" ]] && [ -z "${OPENBLAS_THREAD_TIMEOUT:-}" ]; then
+  grep -q "export OPENBLAS_THREAD_TIMEOUT=4" "$tmp/t2.log" || fail "no warning of OpenBLAS's spinning threads"
+  grep -q "OPENBLAS_THREAD_TIMEOUT" "$tmp/t2b1.log" && fail "warned with one BLAS thread"
+  OPENBLAS_THREAD_TIMEOUT=4 run t2to --set backend%threads=2 >/dev/null
+  grep -q "export OMP_WAIT_POLICY=PASSIVE before" "$tmp/t2to.log" || fail "not warned of OMP_WAIT_POLICY alone"
+  OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=passive run t2quiet --set backend%threads=2 >/dev/null
+  grep -q "spin" "$tmp/t2quiet.log" && fail "warned with both set"
+  echo "threads: spinning BLAS or OpenMP threads are warned of, and not once both are set"
+fi
 
 # The default: the node's cores shared by its ranks (never fewer than one).
 cores=$(getconf _NPROCESSORS_ONLN)

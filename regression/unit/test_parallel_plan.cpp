@@ -177,16 +177,11 @@ TEST(Plan, ContextParallelCutsActivationsAndAddsTheRingWorkspace) {
     const auto m = parallel::estimate_memory(c, sc);
     EXPECT_DOUBLE_EQ(m.bytes[kA] * cp, m1.bytes[kA]);  // every kept activation scales with S/C
     const auto act = model::activation_sizes(model::dims_of(c), sc, 2, 32 / cp, true);
-    // + the attention kernel's blocks for one ring piece of 32/(2cp) rows, head size 16:
-    // forward (len, len) + (len, 16) + 2 len, backward 2 (len, len) + len.
-    const double len = 32 / (2 * cp),
-                 blocks = std::max(len * len + len * 16 + 2 * len, 2 * len * len + len);
-    EXPECT_DOUBLE_EQ(m.bytes[kW],
-                     double(act.scratch) * 4 + parallel::estimate_ring(c).workspace + blocks * 4);
+    // The attention kernel's blocks are Kokkos team scratch, not a tracked allocation.
+    EXPECT_DOUBLE_EQ(m.bytes[kW], double(act.scratch) * 4 + parallel::estimate_ring(c).workspace);
   }
-  // Without cp, one call's blocks for 32 rows: backward 2*32*32 + 32.
   const auto act1 = model::activation_sizes(model::dims_of(c1), {}, 2, 32, true);
-  EXPECT_DOUBLE_EQ(m1.bytes[kW], double(act1.scratch) * 4 + (2 * 32 * 32 + 32) * 4.0);
+  EXPECT_DOUBLE_EQ(m1.bytes[kW], double(act1.scratch) * 4);
 }
 
 namespace {

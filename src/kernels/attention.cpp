@@ -1,5 +1,9 @@
-// kernels/attention.cpp — blockwise attention: host loops over (b, h, query block, key
-// block), gemm for the block products, Kokkos kernels for mask / softmax / rescale.
+// kernels/attention.cpp — blockwise (flash-style) attention as one Kokkos team kernel per
+// call: a team per (b, h, query block) in the forward and per (b, h) in the backward (which
+// owns that head's dK and dV, so nothing races and the result does not depend on the thread
+// count). The block products are in-kernel loops over team scratch, not gemm calls: on CPU
+// threads, one small BLAS call and one parallel region per block cost more in fork/join than
+// the block's arithmetic.
 #include "kernels/attention.hpp"
 
 #include <cmath>
@@ -7,10 +11,8 @@
 #include <limits>
 
 #include "kernels/detail_math.hpp"
-#include "kernels/gemm.hpp"
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
-#include "util/memory.hpp"
 
 namespace ptrain::kernels {
 namespace {
@@ -46,23 +48,73 @@ KOKKOS_INLINE_FUNCTION int visible_keys(bool causal, int q_pos, int k_pos_first,
 
 // True when the whole key block starting at k_pos_first lies after every query of the
 // query block ending at q_pos_last (so it and all later key blocks are masked).
-inline bool block_masked(const AttentionConfig& cfg, int q_pos_last, int k_pos_first) {
-  return cfg.causal && k_pos_first > q_pos_last;
+KOKKOS_INLINE_FUNCTION bool block_masked(bool causal, int q_pos_last, int k_pos_first) {
+  return causal && k_pos_first > q_pos_last;
+}
+using Team = Kokkos::TeamPolicy<Kokkos::Schedule<Kokkos::Dynamic>>;
+using Member = Team::member_type;
+
+// A league of `teams` teams with `scratch_elems` elements of T each in level-0 scratch. One
+// thread per team on the host: the teams are the parallelism, and a block's loops vectorise.
+template <class T>
+Team team_policy(int teams, std::size_t scratch_elems) {
+  return Team(teams, 1).set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)));
 }
 
-// x rows (B*T of them), columns [0, C): set to zero.
 template <class T>
-void zero_heads(const Heads<T>& x, int B, int T_, int C) {
-  T* const base = x.view.data();
-  for (int b = 0; b < B; ++b) {
-    const std::size_t first = x.at(b, 0, T_);
-    const int ld = x.ld;
-    Kokkos::parallel_for(
-        "ptrain::attention_zero_grad", T_, KOKKOS_LAMBDA(int t) {
-          T* row = base + first + std::size_t(t) * ld;
-          for (int c = 0; c < C; ++c) row[c] = T(0);
-        });
+KOKKOS_INLINE_FUNCTION T* scratch(const Member& m, std::size_t elems) {
+  return static_cast<T*>(m.team_scratch(0).get_shmem(elems * sizeof(T)));
+}
+
+// The block products, on raw rows: y (n) [=] alpha x (k) @ M (k, n) + beta y, where x's
+// elements are incx apart and M's rows ldm apart. Columns go in tiles of kTile accumulators
+// that stay in vector registers across the whole sum (a plain y[j] += x[i] M[i][j] loop
+// would wait on the store of y every step); each element adds its k terms in order, so the
+// result does not depend on the tiling.
+constexpr int kTile = 16;
+
+template <class T, int Tiles>
+KOKKOS_INLINE_FUNCTION void vec_mat_tiles(T* y, const T* x, int incx, const T* M, int ldm, int k,
+                                          T alpha, T beta) {
+  T acc[Tiles][kTile] = {};
+  for (int i = 0; i < k; ++i) {
+    const T xi = x[std::size_t(i) * incx];
+    const T* m = M + std::size_t(i) * ldm;
+    for (int t = 0; t < Tiles; ++t)
+      for (int l = 0; l < kTile; ++l) acc[t][l] += xi * m[t * kTile + l];
   }
+  for (int t = 0; t < Tiles; ++t)
+    for (int l = 0; l < kTile; ++l) {
+      T& out = y[t * kTile + l];
+      out = beta == T(0) ? alpha * acc[t][l] : beta * out + alpha * acc[t][l];
+    }
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION void vec_mat(T* y, const T* x, int incx, const T* M, int ldm, int k, int n,
+                                    T alpha, T beta) {
+  int j = 0;
+  for (; j + 4 * kTile <= n; j += 4 * kTile) vec_mat_tiles<T, 4>(y + j, x, incx, M + j, ldm, k, alpha, beta);
+  for (; j + kTile <= n; j += kTile) vec_mat_tiles<T, 1>(y + j, x, incx, M + j, ldm, k, alpha, beta);
+  if (j == n) return;
+  const int rest = n - j;  // < kTile columns: one partial tile
+  T acc[kTile] = {};
+  for (int i = 0; i < k; ++i) {
+    const T xi = x[std::size_t(i) * incx];
+    const T* m = M + std::size_t(i) * ldm + j;
+    for (int l = 0; l < rest; ++l) acc[l] += xi * m[l];
+  }
+  for (int l = 0; l < rest; ++l) y[j + l] = beta == T(0) ? alpha * acc[l] : beta * y[j + l] + alpha * acc[l];
+}
+
+// bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld).
+template <class T>
+KOKKOS_INLINE_FUNCTION void pack_transposed(const Member& m, T* bt, const T* src, int ld, int n,
+                                            int k) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int c) {
+    const T* row = src + std::size_t(c) * ld;
+    for (int d = 0; d < k; ++d) bt[std::size_t(d) * n + c] = row[d];
+  });
 }
 
 }  // namespace
@@ -83,72 +135,73 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
   check_heads("attention_forward v", v, B, Tk, C);
   require_len("attention_forward out", out.extent(0), std::size_t(B) * Tq * C);
   require_len("attention_forward lse", lse.extent(0), std::size_t(B) * NH * Tq);
+  if (B == 0 || Tq == 0) return;
 
   const int bq = block_rows(cfg.q_block, Tq);
   const int bk = block_rows(cfg.k_block, Tk);
-  // workspace: scores/probabilities (bq, bk) | output accumulator (bq, HS) | max (bq) | sum (bq)
-  const std::size_t s_off = 0, acc_off = std::size_t(bq) * bk,
-                    m_off = acc_off + std::size_t(bq) * HS, l_off = m_off + bq;
-  TrackedView<T> work(MemCategory::workspace, "attention_forward_work", l_off + bq);
-  const Vec<T> ws = work.view();
-  T* const wsp = ws.data();
+  const int q_blocks = (Tq + bq - 1) / bq;
+  // scratch: K_blk^T (HS, bk) | scores/probabilities (bq, bk) | output accumulator (bq, HS)
+  //          | running max (bq) | running sum (bq)
+  const std::size_t kt_off = 0, s_off = std::size_t(HS) * bk, acc_off = s_off + std::size_t(bq) * bk,
+                    m_off = acc_off + std::size_t(bq) * HS, l_off = m_off + bq, elems = l_off + bq;
   const T scale = T(1) / std::sqrt(T(HS));
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const bool causal = cfg.causal;
+  const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int i0 = 0; i0 < Tq; i0 += bq) {
+  Kokkos::parallel_for(
+      "ptrain::attention_forward", team_policy<T>(B * NH * q_blocks, elems),
+      KOKKOS_LAMBDA(const Member& team) {
+        // team = (b*NH + h)*q_blocks + query block
+        const int qb = team.league_rank() % q_blocks, bh = team.league_rank() / q_blocks;
+        const int h = bh % NH, b = bh / NH, i0 = qb * bq;
         const int nq = i0 + bq <= Tq ? bq : Tq - i0;
-        const int q_pos_first = cfg.q_pos0 + i0;
-        const std::size_t q_at = q.at(b, i0, Tq) + std::size_t(h) * HS;
-        Kokkos::parallel_for(
-            "ptrain::attention_forward_init", nq, KOKKOS_LAMBDA(int r) {
-              wsp[m_off + r] = neg_inf;
-              wsp[l_off + r] = T(0);
-              T* acc = wsp + acc_off + std::size_t(r) * HS;
-              for (int d = 0; d < HS; ++d) acc[d] = T(0);
-            });
+        const int q_pos_first = q_pos0 + i0;
+        T* const w = scratch<T>(team, elems);
+        const T* const qp = q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+          w[m_off + r] = neg_inf;
+          w[l_off + r] = T(0);
+          for (int d = 0; d < HS; ++d) w[acc_off + std::size_t(r) * HS + d] = T(0);
+        });
         for (int j0 = 0; j0 < Tk; j0 += bk) {
           const int nk = j0 + bk <= Tk ? bk : Tk - j0;
-          const int k_pos_first = cfg.k_pos0 + j0;
-          if (block_masked(cfg, q_pos_first + nq - 1, k_pos_first)) break;
-          // S (nq, nk) = scale Q_blk K_blk^T
-          gemm<T>(false, true, nq, nk, HS, scale, q.view, q_at, q.ld, k.view,
-                  k.at(b, j0, Tk) + std::size_t(h) * HS, k.ld, T(0), ws, s_off, nk);
-          // online softmax: P = exp(S - m_new) over visible keys, rescale running sum/output
-          Kokkos::parallel_for(
-              "ptrain::attention_forward_softmax", nq, KOKKOS_LAMBDA(int r) {
-                T* s = wsp + s_off + std::size_t(r) * nk;
-                const int nv = visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-                for (int c = nv; c < nk; ++c) s[c] = T(0);
-                if (nv == 0) return;
-                const T m_prev = wsp[m_off + r];
-                const T m_blk = detail::row_max(s, nv, neg_inf);
-                const T m_new = m_prev > m_blk ? m_prev : m_blk;
-                const T corr = m_prev == neg_inf ? T(0) : detail::exp_(m_prev - m_new);
-                for (int c = 0; c < nv; ++c) s[c] = detail::exp_(s[c] - m_new);
-                wsp[l_off + r] = wsp[l_off + r] * corr + detail::row_sum(s, nv);
-                wsp[m_off + r] = m_new;
-                T* acc = wsp + acc_off + std::size_t(r) * HS;
-                for (int d = 0; d < HS; ++d) acc[d] *= corr;
-              });
-          // acc (nq, HS) += P (nq, nk) V_blk (nk, HS)
-          gemm<T>(false, false, nq, HS, nk, T(1), ws, s_off, nk, v.view,
-                  v.at(b, j0, Tk) + std::size_t(h) * HS, v.ld, T(1), ws, acc_off, HS);
+          const int k_pos_first = k_pos0 + j0;
+          if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
+          const T* const kp = k.view.data() + k.at(b, j0, Tk) + std::size_t(h) * HS;
+          const T* const vp = v.view.data() + v.at(b, j0, Tk) + std::size_t(h) * HS;
+          team.team_barrier();
+          pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+            // s = scale q_r K_blk^T; online softmax over the visible keys; acc_r += p V_blk
+            T* const s = w + s_off + std::size_t(r) * nk;
+            const int nv = visible_keys(causal, q_pos_first + r, k_pos_first, nk);
+            if (nv == 0) return;
+            vec_mat(s, qp + std::size_t(r) * q.ld, 1, w + kt_off, nk, HS, nk, scale, T(0));
+            const T m_prev = w[m_off + r];
+            const T m_blk = detail::row_max(s, nv, neg_inf);
+            const T m_new = m_prev > m_blk ? m_prev : m_blk;
+            const T corr = m_prev == neg_inf ? T(0) : detail::exp_(m_prev - m_new);
+            for (int c = 0; c < nv; ++c) s[c] = detail::exp_(s[c] - m_new);
+            w[l_off + r] = w[l_off + r] * corr + detail::row_sum(s, nv);
+            w[m_off + r] = m_new;
+            T* const acc = w + acc_off + std::size_t(r) * HS;
+            for (int d = 0; d < HS; ++d) acc[d] *= corr;
+            vec_mat(acc, s, 1, vp, v.ld, nv, HS, T(1), T(1));
+          });
         }
         T* const outp = out.data() + (std::size_t(b) * Tq + i0) * C + std::size_t(h) * HS;
         T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
-        Kokkos::parallel_for(
-            "ptrain::attention_forward_finish", nq, KOKKOS_LAMBDA(int r) {
-              const T l = wsp[l_off + r];
-              const T* acc = wsp + acc_off + std::size_t(r) * HS;
-              T* o = outp + std::size_t(r) * C;
-              const T inv = l > T(0) ? T(1) / l : T(0);
-              for (int d = 0; d < HS; ++d) o[d] = acc[d] * inv;
-              lsep[r] = l > T(0) ? wsp[m_off + r] + detail::log_(l) : neg_inf;
-            });
-      }
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+          const T l = w[l_off + r];
+          const T* acc = w + acc_off + std::size_t(r) * HS;
+          T* o = outp + std::size_t(r) * C;
+          const T inv = l > T(0) ? T(1) / l : T(0);
+          for (int d = 0; d < HS; ++d) o[d] = acc[d] * inv;
+          lsep[r] = l > T(0) ? w[m_off + r] + detail::log_(l) : neg_inf;
+        });
+      });
 }
 
 template <class T>
@@ -174,79 +227,87 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
   require_len("attention_backward dout", dout.extent(0), std::size_t(B) * Tq * C);
   require_len("attention_backward out", out.extent(0), std::size_t(B) * Tq * C);
   require_len("attention_backward lse", lse.extent(0), std::size_t(B) * NH * Tq);
-  if (!accumulate) {
-    zero_heads(dq, B, Tq, C);
-    zero_heads(dk, B, Tk, C);
-    zero_heads(dv, B, Tk, C);
-  }
+  if (B == 0) return;
 
   const int bq = block_rows(cfg.q_block, Tq);
   const int bk = block_rows(cfg.k_block, Tk);
-  // workspace: P (bq, bk) | dP, then dS (bq, bk) | D = rowsum(dO * O) (bq)
-  const std::size_t p_off = 0, ds_off = std::size_t(bq) * bk, d_off = 2 * std::size_t(bq) * bk;
-  TrackedView<T> work(MemCategory::workspace, "attention_backward_work", d_off + bq);
-  const Vec<T> ws = work.view();
-  T* const wsp = ws.data();
+  // scratch: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk)
+  //          | D = rowsum(dO * O) (bq)
+  const std::size_t kt_off = 0, vt_off = std::size_t(HS) * bk, p_off = 2 * vt_off,
+                    ds_off = p_off + std::size_t(bq) * bk, d_off = ds_off + std::size_t(bq) * bk,
+                    elems = d_off + bq;
   const T scale = T(1) / std::sqrt(T(HS));
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const bool causal = cfg.causal;
+  const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int i0 = 0; i0 < Tq; i0 += bq) {
-        const int nq = i0 + bq <= Tq ? bq : Tq - i0;
-        const int q_pos_first = cfg.q_pos0 + i0;
+  Kokkos::parallel_for(
+      "ptrain::attention_backward", team_policy<T>(B * NH, elems),
+      KOKKOS_LAMBDA(const Member& team) {
+        const int h = team.league_rank() % NH, b = team.league_rank() / NH;
         const std::size_t head = std::size_t(h) * HS;
-        const std::size_t q_at = q.at(b, i0, Tq) + head;
-        const std::size_t dq_at = dq.at(b, i0, Tq) + head;
-        const std::size_t o_at = (std::size_t(b) * Tq + i0) * C + head;  // in out and dout
-        const T* const outp = out.data() + o_at;
-        const T* const doutp = dout.data() + o_at;
-        const T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
-        Kokkos::parallel_for(
-            "ptrain::attention_backward_rowdot", nq, KOKKOS_LAMBDA(int r) {
-              wsp[d_off + r] =
-                  detail::row_dot(doutp + std::size_t(r) * C, outp + std::size_t(r) * C, HS);
-            });
-        for (int j0 = 0; j0 < Tk; j0 += bk) {
-          const int nk = j0 + bk <= Tk ? bk : Tk - j0;
-          const int k_pos_first = cfg.k_pos0 + j0;
-          if (block_masked(cfg, q_pos_first + nq - 1, k_pos_first)) break;
-          const std::size_t k_at = k.at(b, j0, Tk) + head;
-          const std::size_t v_at = v.at(b, j0, Tk) + head;
-          // P (nq, nk) = exp(scale Q K^T - lse), masked entries 0
-          gemm<T>(false, true, nq, nk, HS, scale, q.view, q_at, q.ld, k.view, k_at, k.ld, T(0), ws,
-                  p_off, nk);
-          Kokkos::parallel_for(
-              "ptrain::attention_backward_probs", nq, KOKKOS_LAMBDA(int r) {
-                T* p = wsp + p_off + std::size_t(r) * nk;
-                const T l = lsep[r];
-                const int nv =
-                    l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-                for (int c = 0; c < nv; ++c) p[c] = detail::exp_(p[c] - l);
-                for (int c = nv; c < nk; ++c) p[c] = T(0);
-              });
-          // dV_blk (nk, HS) += P^T dO
-          gemm<T>(true, false, nk, HS, nq, T(1), ws, p_off, nk, dout, o_at, C, T(1), dv.view,
-                  dv.at(b, j0, Tk) + head, dv.ld);
-          // dP (nq, nk) = dO V_blk^T
-          gemm<T>(false, true, nq, nk, HS, T(1), dout, o_at, C, v.view, v_at, v.ld, T(0), ws,
-                  ds_off, nk);
-          // dS = scale P (dP - D)   (scale: S was scale Q K^T)
-          Kokkos::parallel_for(
-              "ptrain::attention_backward_dscores", nq, KOKKOS_LAMBDA(int r) {
-                const T* p = wsp + p_off + std::size_t(r) * nk;
-                T* ds = wsp + ds_off + std::size_t(r) * nk;
-                const T dr = wsp[d_off + r];
-                for (int c = 0; c < nk; ++c) ds[c] = scale * p[c] * (ds[c] - dr);
-              });
-          // dQ_blk (nq, HS) += dS K_blk ; dK_blk (nk, HS) += dS^T Q_blk
-          gemm<T>(false, false, nq, HS, nk, T(1), ws, ds_off, nk, k.view, k_at, k.ld, T(1), dq.view,
-                  dq_at, dq.ld);
-          gemm<T>(true, false, nk, HS, nq, T(1), ws, ds_off, nk, q.view, q_at, q.ld, T(1), dk.view,
-                  dk.at(b, j0, Tk) + head, dk.ld);
+        T* const w = scratch<T>(team, elems);
+        // This team's rows of dq, dk and dv: zeroed unless accumulating.
+        if (!accumulate) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tq), [&](int t) {
+            T* const x = dq.view.data() + dq.at(b, t, Tq) + head;
+            for (int d = 0; d < HS; ++d) x[d] = T(0);
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tk), [&](int t) {
+            T* const x = dk.view.data() + dk.at(b, t, Tk) + head;
+            T* const y = dv.view.data() + dv.at(b, t, Tk) + head;
+            for (int d = 0; d < HS; ++d) x[d] = y[d] = T(0);
+          });
         }
-      }
+        for (int i0 = 0; i0 < Tq; i0 += bq) {
+          const int nq = i0 + bq <= Tq ? bq : Tq - i0;
+          const int q_pos_first = q_pos0 + i0;
+          const T* const qp = q.view.data() + q.at(b, i0, Tq) + head;
+          T* const dqp = dq.view.data() + dq.at(b, i0, Tq) + head;
+          const std::size_t o_at = (std::size_t(b) * Tq + i0) * C + head;  // in out and dout
+          const T* const doutp = dout.data() + o_at;
+          const T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+            w[d_off + r] =
+                detail::row_dot(doutp + std::size_t(r) * C, out.data() + o_at + std::size_t(r) * C, HS);
+          });
+          for (int j0 = 0; j0 < Tk; j0 += bk) {
+            const int nk = j0 + bk <= Tk ? bk : Tk - j0;
+            const int k_pos_first = k_pos0 + j0;
+            if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
+            const T* const kp = k.view.data() + k.at(b, j0, Tk) + head;
+            const T* const vp = v.view.data() + v.at(b, j0, Tk) + head;
+            team.team_barrier();
+            pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
+            pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
+            team.team_barrier();
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+              // p = exp(scale q_r K^T - lse_r), masked entries 0; dp = dO_r V^T;
+              // ds = scale p (dp - D_r) (S was scale Q K^T); dQ_r += ds K_blk
+              T* const p = w + p_off + std::size_t(r) * nk;
+              T* const ds = w + ds_off + std::size_t(r) * nk;
+              const T l = lsep[r];
+              const int nv = l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
+              vec_mat(p, qp + std::size_t(r) * q.ld, 1, w + kt_off, nk, HS, nk, scale, T(0));
+              for (int c = 0; c < nv; ++c) p[c] = detail::exp_(p[c] - l);
+              for (int c = nv; c < nk; ++c) p[c] = T(0);
+              vec_mat(ds, doutp + std::size_t(r) * C, 1, w + vt_off, nk, HS, nk, T(1), T(0));
+              const T dr = w[d_off + r];
+              for (int c = 0; c < nk; ++c) ds[c] = scale * p[c] * (ds[c] - dr);
+              vec_mat(dqp + std::size_t(r) * dq.ld, ds, 1, kp, k.ld, nk, HS, T(1), T(1));
+            });
+            team.team_barrier();
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
+              // dV_c += P[:, c]^T dO ; dK_c += dS[:, c]^T Q
+              vec_mat(dv.view.data() + dv.at(b, j0 + c, Tk) + head, w + p_off + c, nk, doutp, C, nq,
+                      HS, T(1), T(1));
+              vec_mat(dk.view.data() + dk.at(b, j0 + c, Tk) + head, w + ds_off + c, nk, qp, q.ld,
+                      nq, HS, T(1), T(1));
+            });
+          }
+        }
+      });
 }
 
 template <class T>

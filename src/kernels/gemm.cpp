@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -90,6 +91,38 @@ int blas_threads() {
 #else
   return 0;
 #endif
+}
+
+std::string blas_name() {
+#if PTRAIN_HAVE_OPENBLAS
+  switch (openblas_get_parallel()) {  // 0 sequential, 1 pthreads, 2 OpenMP
+    case 0: return "OpenBLAS, sequential";
+    case 1: return "OpenBLAS, pthreads";
+    default: return "OpenBLAS, OpenMP";
+  }
+#else
+  return "CBLAS";
+#endif
+}
+
+std::string blas_spin_warning(int kernel_threads, int blas_threads) {
+#if PTRAIN_HAVE_OPENBLAS
+  if (openblas_get_parallel() != 1 || kernel_threads < 2 || blas_threads < 2) return "";
+  // Both are read when the libraries load: what the environment says now is what they saw.
+  std::string missing;
+  if (!std::getenv("OPENBLAS_THREAD_TIMEOUT") && !std::getenv("GOTO_THREAD_TIMEOUT"))
+    missing += " OPENBLAS_THREAD_TIMEOUT=4";
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  if (!wait || (std::string(wait) != "PASSIVE" && std::string(wait) != "passive"))
+    missing += " OMP_WAIT_POLICY=PASSIVE";
+  if (!missing.empty())
+    return "BLAS (OpenBLAS, pthreads) and the OpenMP kernels take turns on the rank's cores, "
+           "and idle threads of each spin while the other works (up to 1.3x slower steps): "
+           "export" + missing + " before mpirun (the job scripts do), or link OpenBLAS's "
+           "OpenMP build";
+#endif
+  (void)kernel_threads, (void)blas_threads;
+  return "";
 }
 
 double measure_gemm_peak_gflops(double seconds) {

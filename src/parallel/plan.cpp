@@ -105,22 +105,6 @@ std::vector<StageNeeds> stage_needs(const Config& config) {
   return out;
 }
 
-// The attention kernel's block workspace (kernels/attention.cpp), one call at a time: forward
-// (bq, bk) scores, a (bq, head size) accumulator and two (bq) rows; backward (bq, bk) twice and
-// (bq); bq and bk the kernel's blocks cut to the rows of a call: whole sequences, or with cp
-// one piece of the ring.
-double attention_workspace(const Config& config) {
-  const model::Dims d = model::dims_of(config);
-  const auto& par = config.parallel;
-  const std::int64_t len =
-      par.cp > 1 ? d.S / (par.cp_layout == "zigzag" ? 2 * par.cp : par.cp) : d.S;
-  const kernels::AttentionConfig blocks;
-  const std::int64_t bq = std::min<std::int64_t>(blocks.q_block, len),
-                     bk = std::min<std::int64_t>(blocks.k_block, len);
-  const std::int64_t forward = bq * bk + bq * d.HS + 2 * bq, backward = 2 * bq * bk + bq;
-  return double(std::max(forward, backward)) * double(dtype_bytes(config));
-}
-
 std::string with_commas(std::int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(std::size_t(i), ",");
@@ -250,10 +234,10 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
         double(act.recompute) * w;
     est.bytes[idx(MemCategory::workspace)] += double(act.scratch) * w;
   }
-  // Ring attention's backward buffers, held during one block's attention at a time, and the
-  // attention kernel's blocks on top of them (or of the scratch alone).
+  // Ring attention's backward buffers, held during one block's attention at a time. (The
+  // attention kernel's blocks live in Kokkos team scratch, a few (64, 64) blocks per thread:
+  // not a tracked allocation, and on a GPU in on-chip shared memory.)
   est.bytes[idx(MemCategory::workspace)] += estimate_ring(config).workspace;
-  est.bytes[idx(MemCategory::workspace)] += attention_workspace(config);
 
   // A pipeline's message buffers, each one stage input (R rows of d_model), and on a chunk
   // with wte but not both ends, the whole-tensor buffer its gradient is summed in.
