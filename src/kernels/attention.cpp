@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/detail_math.hpp"
 #include "kernels/kernels.hpp"
@@ -66,45 +67,57 @@ KOKKOS_INLINE_FUNCTION T* scratch(const Member& m, std::size_t elems) {
   return static_cast<T*>(m.team_scratch(0).get_shmem(elems * sizeof(T)));
 }
 
-// The block products, on raw rows: y (n) [=] alpha x (k) @ M (k, n) + beta y, where x's
-// elements are incx apart and M's rows ldm apart. Columns go in tiles of kTile accumulators
-// that stay in vector registers across the whole sum (a plain y[j] += x[i] M[i][j] loop
-// would wait on the store of y every step); each element adds its k terms in order, so the
-// result does not depend on the tiling.
+// The block products, on raw rows, R rows at a time: y[u] (n) [=] alpha x[u] (k) @ M (k, n)
+// + beta y[u] for u < R, where x[u]'s elements are incx apart and M's rows ldm apart. The R
+// rows share each load of M, and columns go in tiles of kTile accumulators that stay in
+// vector registers across the whole sum (a plain y[j] += x[i] M[i][j] loop would wait on the
+// store of y every step). Each element adds its k terms in order, so the result does not
+// depend on R or the tiling.
 constexpr int kTile = 16;
 
-template <class T, int Tiles>
-KOKKOS_INLINE_FUNCTION void vec_mat_tiles(T* y, const T* x, int incx, const T* M, int ldm, int k,
-                                          T alpha, T beta) {
-  T acc[Tiles][kTile] = {};
+template <class T, int R, int Tiles>
+KOKKOS_INLINE_FUNCTION void vec_mat_tiles(T* const (&y)[R], const T* const (&x)[R], int incx,
+                                          const T* M, int ldm, int k, T alpha, T beta, int j,
+                                          int width) {
+  T acc[R][Tiles][kTile] = {};
   for (int i = 0; i < k; ++i) {
-    const T xi = x[std::size_t(i) * incx];
-    const T* m = M + std::size_t(i) * ldm;
-    for (int t = 0; t < Tiles; ++t)
-      for (int l = 0; l < kTile; ++l) acc[t][l] += xi * m[t * kTile + l];
-  }
-  for (int t = 0; t < Tiles; ++t)
-    for (int l = 0; l < kTile; ++l) {
-      T& out = y[t * kTile + l];
-      out = beta == T(0) ? alpha * acc[t][l] : beta * out + alpha * acc[t][l];
+    const T* m = M + std::size_t(i) * ldm + j;
+    for (int u = 0; u < R; ++u) {
+      const T xi = x[u][std::size_t(i) * incx];
+      for (int t = 0; t < Tiles; ++t)
+        for (int l = 0; l < kTile; ++l)
+          if (Tiles > 1 || l < width) acc[u][t][l] += xi * m[t * kTile + l];
     }
+  }
+  for (int u = 0; u < R; ++u)
+    for (int t = 0; t < Tiles; ++t)
+      for (int l = 0; l < kTile; ++l) {
+        if (Tiles == 1 && l >= width) break;
+        T& out = y[u][j + t * kTile + l];
+        out = beta == T(0) ? alpha * acc[u][t][l] : beta * out + alpha * acc[u][t][l];
+      }
 }
 
-template <class T>
-KOKKOS_INLINE_FUNCTION void vec_mat(T* y, const T* x, int incx, const T* M, int ldm, int k, int n,
-                                    T alpha, T beta) {
+template <class T, int R>
+KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], int incx, const T* M,
+                                    int ldm, int k, int n, T alpha, T beta) {
   int j = 0;
-  for (; j + 4 * kTile <= n; j += 4 * kTile) vec_mat_tiles<T, 4>(y + j, x, incx, M + j, ldm, k, alpha, beta);
-  for (; j + kTile <= n; j += kTile) vec_mat_tiles<T, 1>(y + j, x, incx, M + j, ldm, k, alpha, beta);
-  if (j == n) return;
-  const int rest = n - j;  // < kTile columns: one partial tile
-  T acc[kTile] = {};
-  for (int i = 0; i < k; ++i) {
-    const T xi = x[std::size_t(i) * incx];
-    const T* m = M + std::size_t(i) * ldm + j;
-    for (int l = 0; l < rest; ++l) acc[l] += xi * m[l];
-  }
-  for (int l = 0; l < rest; ++l) y[j + l] = beta == T(0) ? alpha * acc[l] : beta * y[j + l] + alpha * acc[l];
+  for (; j + 4 * kTile <= n; j += 4 * kTile)
+    vec_mat_tiles<T, R, 4>(y, x, incx, M, ldm, k, alpha, beta, j, 4 * kTile);
+  for (; j < n; j += kTile)  // whole tiles, then one partial tile
+    vec_mat_tiles<T, R, 1>(y, x, incx, M, ldm, k, alpha, beta, j, n - j < kTile ? n - j : kTile);
+}
+
+// f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): pairs, and a
+// last single row when n is odd, spread over the team's threads.
+template <class F>
+KOKKOS_INLINE_FUNCTION void row_pairs(const Member& m, int n, const F& f) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (n + 1) / 2), [&](int i) {
+    if (2 * i + 1 < n)
+      f(std::integral_constant<int, 2>{}, 2 * i);
+    else
+      f(std::integral_constant<int, 1>{}, 2 * i);
+  });
 }
 
 // bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld).
@@ -173,22 +186,40 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
           team.team_barrier();
           pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
           team.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-            // s = scale q_r K_blk^T; online softmax over the visible keys; acc_r += p V_blk
-            T* const s = w + s_off + std::size_t(r) * nk;
-            const int nv = visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-            if (nv == 0) return;
-            vec_mat(s, qp + std::size_t(r) * q.ld, 1, w + kt_off, nk, HS, nk, scale, T(0));
-            const T m_prev = w[m_off + r];
-            const T m_blk = detail::row_max(s, nv, neg_inf);
-            const T m_new = m_prev > m_blk ? m_prev : m_blk;
-            const T corr = m_prev == neg_inf ? T(0) : detail::exp_(m_prev - m_new);
-            for (int c = 0; c < nv; ++c) s[c] = detail::exp_(s[c] - m_new);
-            w[l_off + r] = w[l_off + r] * corr + detail::row_sum(s, nv);
-            w[m_off + r] = m_new;
-            T* const acc = w + acc_off + std::size_t(r) * HS;
-            for (int d = 0; d < HS; ++d) acc[d] *= corr;
-            vec_mat(acc, s, 1, vp, v.ld, nv, HS, T(1), T(1));
+          row_pairs(team, nq, [&](auto rows, int r0) {
+            // s = scale q_r K_blk^T; online softmax over the visible keys; acc_r += p V_blk.
+            // Rows see different numbers of keys (causal): a row's p is 0 past its own.
+            constexpr int R = decltype(rows)::value;
+            T* s[R];
+            const T* qr[R];
+            const T* pr[R];
+            T* acc[R];
+            int nv[R], kmax = 0;
+            for (int u = 0; u < R; ++u) {
+              const int r = r0 + u;
+              s[u] = w + s_off + std::size_t(r) * nk;
+              pr[u] = s[u];
+              qr[u] = qp + std::size_t(r) * q.ld;
+              acc[u] = w + acc_off + std::size_t(r) * HS;
+              nv[u] = visible_keys(causal, q_pos_first + r, k_pos_first, nk);
+              kmax = nv[u] > kmax ? nv[u] : kmax;
+            }
+            if (kmax == 0) return;
+            vec_mat<T, R>(s, qr, 1, w + kt_off, nk, HS, nk, scale, T(0));
+            for (int u = 0; u < R; ++u) {
+              const int r = r0 + u;
+              for (int c = nv[u]; c < kmax; ++c) s[u][c] = T(0);
+              if (nv[u] == 0) continue;
+              const T m_prev = w[m_off + r];
+              const T m_blk = detail::row_max(s[u], nv[u], neg_inf);
+              const T m_new = m_prev > m_blk ? m_prev : m_blk;
+              const T corr = m_prev == neg_inf ? T(0) : detail::exp_(m_prev - m_new);
+              for (int c = 0; c < nv[u]; ++c) s[u][c] = detail::exp_(s[u][c] - m_new);
+              w[l_off + r] = w[l_off + r] * corr + detail::row_sum(s[u], nv[u]);
+              w[m_off + r] = m_new;
+              for (int d = 0; d < HS; ++d) acc[u][d] *= corr;
+            }
+            vec_mat<T, R>(acc, pr, 1, vp, v.ld, kmax, HS, T(1), T(1));
           });
         }
         T* const outp = out.data() + (std::size_t(b) * Tq + i0) * C + std::size_t(h) * HS;
@@ -282,28 +313,56 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
             pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
             pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
             team.team_barrier();
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+            row_pairs(team, nq, [&](auto rows, int r0) {
               // p = exp(scale q_r K^T - lse_r), masked entries 0; dp = dO_r V^T;
               // ds = scale p (dp - D_r) (S was scale Q K^T); dQ_r += ds K_blk
-              T* const p = w + p_off + std::size_t(r) * nk;
-              T* const ds = w + ds_off + std::size_t(r) * nk;
-              const T l = lsep[r];
-              const int nv = l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-              vec_mat(p, qp + std::size_t(r) * q.ld, 1, w + kt_off, nk, HS, nk, scale, T(0));
-              for (int c = 0; c < nv; ++c) p[c] = detail::exp_(p[c] - l);
-              for (int c = nv; c < nk; ++c) p[c] = T(0);
-              vec_mat(ds, doutp + std::size_t(r) * C, 1, w + vt_off, nk, HS, nk, T(1), T(0));
-              const T dr = w[d_off + r];
-              for (int c = 0; c < nk; ++c) ds[c] = scale * p[c] * (ds[c] - dr);
-              vec_mat(dqp + std::size_t(r) * dq.ld, ds, 1, kp, k.ld, nk, HS, T(1), T(1));
+              constexpr int R = decltype(rows)::value;
+              T* p[R];
+              T* ds[R];
+              T* dqr[R];
+              const T* qr[R];
+              const T* dor[R];
+              const T* dsr[R];
+              for (int u = 0; u < R; ++u) {
+                const int r = r0 + u;
+                p[u] = w + p_off + std::size_t(r) * nk;
+                ds[u] = w + ds_off + std::size_t(r) * nk;
+                dsr[u] = ds[u];
+                dqr[u] = dqp + std::size_t(r) * dq.ld;
+                qr[u] = qp + std::size_t(r) * q.ld;
+                dor[u] = doutp + std::size_t(r) * C;
+              }
+              vec_mat<T, R>(p, qr, 1, w + kt_off, nk, HS, nk, scale, T(0));
+              vec_mat<T, R>(ds, dor, 1, w + vt_off, nk, HS, nk, T(1), T(0));
+              for (int u = 0; u < R; ++u) {
+                const int r = r0 + u;
+                const T l = lsep[r];
+                const int nv =
+                    l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
+                for (int c = 0; c < nv; ++c) p[u][c] = detail::exp_(p[u][c] - l);
+                for (int c = nv; c < nk; ++c) p[u][c] = T(0);
+                const T dr = w[d_off + r];
+                for (int c = 0; c < nk; ++c) ds[u][c] = scale * p[u][c] * (ds[u][c] - dr);
+              }
+              vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, nk, HS, T(1), T(1));
             });
             team.team_barrier();
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
+            row_pairs(team, nk, [&](auto cols, int c0) {
               // dV_c += P[:, c]^T dO ; dK_c += dS[:, c]^T Q
-              vec_mat(dv.view.data() + dv.at(b, j0 + c, Tk) + head, w + p_off + c, nk, doutp, C, nq,
-                      HS, T(1), T(1));
-              vec_mat(dk.view.data() + dk.at(b, j0 + c, Tk) + head, w + ds_off + c, nk, qp, q.ld,
-                      nq, HS, T(1), T(1));
+              constexpr int R = decltype(cols)::value;
+              T* dvc[R];
+              T* dkc[R];
+              const T* pc[R];
+              const T* dsc[R];
+              for (int u = 0; u < R; ++u) {
+                const int c = c0 + u;
+                dvc[u] = dv.view.data() + dv.at(b, j0 + c, Tk) + head;
+                dkc[u] = dk.view.data() + dk.at(b, j0 + c, Tk) + head;
+                pc[u] = w + p_off + c;
+                dsc[u] = w + ds_off + c;
+              }
+              vec_mat<T, R>(dvc, pc, nk, doutp, C, nq, HS, T(1), T(1));
+              vec_mat<T, R>(dkc, dsc, nk, qp, q.ld, nq, HS, T(1), T(1));
             });
           }
         }
