@@ -31,7 +31,7 @@ struct Heads {
   Heads(const Heads<U>& o)
       : view(o.view), offset(o.offset), ld(o.ld), batch_stride(o.batch_stride) {}
   // Index in view of element (b, t, 0) for sequences of length seq_len.
-  std::size_t at(int b, int t, int seq_len) const {
+  KOKKOS_INLINE_FUNCTION std::size_t at(int b, int t, int seq_len) const {
     const std::size_t bs = batch_stride ? batch_stride : std::size_t(seq_len) * std::size_t(ld);
     return offset + std::size_t(b) * bs + std::size_t(t) * std::size_t(ld);
   }
