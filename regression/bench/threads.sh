@@ -52,7 +52,7 @@ read -r t_job share_job opt_job peak_job < <(ptrain_run job OPENBLAS_THREAD_TIME
 read -r t_act share_act opt_act peak_act < <(ptrain_run active -u OMP_WAIT_POLICY OPENBLAS_THREAD_TIMEOUT=4)
 read -r t_spin share_spin opt_spin peak_spin < <(ptrain_run spin -u OMP_WAIT_POLICY -u OPENBLAS_THREAD_TIMEOUT)
 torch_out=$("${native[@]}" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 \
-  "$here/regression/bench/gpt2_torch.py" "$tmp/default/deck.nml" "$steps") ||
+  "$here/regression/bench/gpt2_torch.py" "$tmp/job/deck.nml" "$steps") ||
   { echo "threads.sh: gpt2_torch.py failed: $torch_out" >&2; exit 1; }
 echo "$torch_out" | head -1
 t_torch=$(sed -n 's/^torch: \([0-9.]*\) s\/step.*/\1/p' <<<"$torch_out")
