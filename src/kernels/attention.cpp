@@ -108,15 +108,20 @@ KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], in
     vec_mat_tiles<T, R, 1>(y, x, incx, M, ldm, k, alpha, beta, j, n - j < kTile ? n - j : kTile);
 }
 
-// f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): pairs, and a
-// last single row when n is odd, spread over the team's threads.
+// f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): groups of
+// kRows, and one smaller last group, spread over the team's threads.
+constexpr int kRows = 4;
+
 template <class F>
-KOKKOS_INLINE_FUNCTION void row_pairs(const Member& m, int n, const F& f) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (n + 1) / 2), [&](int i) {
-    if (2 * i + 1 < n)
-      f(std::integral_constant<int, 2>{}, 2 * i);
-    else
-      f(std::integral_constant<int, 1>{}, 2 * i);
+KOKKOS_INLINE_FUNCTION void row_groups(const Member& m, int n, const F& f) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (n + kRows - 1) / kRows), [&](int i) {
+    const int r0 = kRows * i;
+    switch (n - r0 < kRows ? n - r0 : kRows) {
+      case 4: f(std::integral_constant<int, 4>{}, r0); break;
+      case 3: f(std::integral_constant<int, 3>{}, r0); break;
+      case 2: f(std::integral_constant<int, 2>{}, r0); break;
+      default: f(std::integral_constant<int, 1>{}, r0); break;
+    }
   });
 }
 
@@ -186,7 +191,7 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
           team.team_barrier();
           pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
           team.team_barrier();
-          row_pairs(team, nq, [&](auto rows, int r0) {
+          row_groups(team, nq, [&](auto rows, int r0) {
             // s = scale q_r K_blk^T; online softmax over the visible keys; acc_r += p V_blk.
             // Rows see different numbers of keys (causal): a row's p is 0 past its own.
             constexpr int R = decltype(rows)::value;
@@ -313,7 +318,7 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
             pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
             pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
             team.team_barrier();
-            row_pairs(team, nq, [&](auto rows, int r0) {
+            row_groups(team, nq, [&](auto rows, int r0) {
               // p = exp(scale q_r K^T - lse_r), masked entries 0; dp = dO_r V^T;
               // ds = scale p (dp - D_r) (S was scale Q K^T); dQ_r += ds K_blk
               constexpr int R = decltype(rows)::value;
@@ -347,7 +352,7 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
               vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, nk, HS, T(1), T(1));
             });
             team.team_barrier();
-            row_pairs(team, nk, [&](auto cols, int c0) {
+            row_groups(team, nk, [&](auto cols, int c0) {
               // dV_c += P[:, c]^T dO ; dK_c += dS[:, c]^T Q
               constexpr int R = decltype(cols)::value;
               T* dvc[R];
