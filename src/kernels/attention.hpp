@@ -2,8 +2,8 @@
 // The forward runs an online softmax over key blocks and returns the log-sum-exp of each
 // query row's scaled scores, so partial results over disjoint key sets (context-parallel
 // ring steps) merge exactly with attention_merge. The backward recomputes the
-// probabilities from lse. No (T, T) matrix is ever formed: only a (q_block, k_block)
-// workspace. The block products run through gemm; masking and softmax are Kokkos kernels.
+// probabilities from lse. No (T, T) matrix is ever formed: each call is one Kokkos team
+// kernel whose teams keep (q_block, k_block) blocks in team scratch.
 #pragma once
 #include <cstddef>
 #include <type_traits>
