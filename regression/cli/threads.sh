@@ -25,7 +25,7 @@ space=$(sed -n 's/.*host kernels on \([A-Za-z]*\) with.*/\1/p' <<<"$line2")
 if [ "$space" = Serial ]; then want=1; else want=2; fi
 [[ "$line2" == "threads: 2 per rank; host kernels on $space with $want, BLAS 2 ("*")" ]] || fail "threads=2: $line2"
 [[ "$line3" == "threads: 2 per rank; host kernels on $space with $want, BLAS 1 ("*")" ]] || fail "blas_threads: $line3"
-# OpenBLAS's spinning pthreads beside threaded kernels: warned of, unless the timeout is set.
+# Spinning BLAS or OpenMP threads beside threaded kernels: warned of, unless both variables are set.
 if [ "$want" = 2 ] && [[ "$line2" == *"(OpenBLAS, pthreads)" ]] && [ -z "${OPENBLAS_THREAD_TIMEOUT:-}" ]; then
   grep -q "export OPENBLAS_THREAD_TIMEOUT=4" "$tmp/t2.log" || fail "no warning of OpenBLAS's spinning threads"
   grep -q "OPENBLAS_THREAD_TIMEOUT" "$tmp/t2b1.log" && fail "warned with one BLAS thread"

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "util/error.hpp"
@@ -113,11 +114,11 @@ std::string blas_spin_warning(int kernel_threads, int blas_threads) {
   if (!std::getenv("OPENBLAS_THREAD_TIMEOUT") && !std::getenv("GOTO_THREAD_TIMEOUT"))
     missing += " OPENBLAS_THREAD_TIMEOUT=4";
   const char* wait = std::getenv("OMP_WAIT_POLICY");
-  if (!wait || (std::string(wait) != "PASSIVE" && std::string(wait) != "passive"))
+  if (!wait || (std::string_view(wait) != "PASSIVE" && std::string_view(wait) != "passive"))
     missing += " OMP_WAIT_POLICY=PASSIVE";
   if (!missing.empty())
     return "BLAS (OpenBLAS, pthreads) and the OpenMP kernels take turns on the rank's cores, "
-           "and idle threads of each spin while the other works (up to 1.3x slower steps): "
+           "and idle threads of each spin while the other works (1.2-1.5x slower steps): "
            "export" + missing + " before mpirun (the job scripts do), or link OpenBLAS's "
            "OpenMP build";
 #endif

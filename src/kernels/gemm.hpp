@@ -35,7 +35,8 @@ std::string blas_name();
 // OpenBLAS's pthreads busy-wait about 2^28 cycles after each call (OPENBLAS_THREAD_TIMEOUT=4
 // stops that) and OpenMP's threads between kernels (OMP_WAIT_POLICY=PASSIVE). Both are read
 // when the libraries load, so they belong in the job's environment. At GPT-2 124M shapes on
-// 2 threads a step takes 2.7 s with both set, 3.4-3.7 s with either missing.
+// 2 threads (regression/bench/threads.sh) a step took 2.5-2.6 s with both set, 3.0-3.2 s
+// without OMP_WAIT_POLICY and 3.4-3.7 s without either.
 std::string blas_spin_warning(int kernel_threads, int blas_threads);
 
 // Achieved sgemm rate (GFLOP/s) on this rank at the GPT-2 MLP shape M=1024, K=768,
