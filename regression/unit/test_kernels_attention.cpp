@@ -90,7 +90,7 @@ TEST(KernelsAttention, ForwardMatchesNaiveForAnyBlocking) {
       const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * NH * HS, 100 + Tn, -2, 2);
       const Naive ref = naive_qkv(qkv, B, Tn, NH, HS, causal);
       for (auto [bq, bk] :
-           std::vector<std::pair<int, int>>{{2, 3}, {3, 2}, {1, 1}, {7, 7}, {4, 8}, {64, 128}}) {
+           std::vector<std::pair<int, int>>{{2, 3}, {3, 2}, {1, 1}, {7, 7}, {4, 8}, {5, 6}, {64, 128}}) {
         const auto cfg = blocks(bq, bk, causal);
         const Naive d = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
         EXPECT_LT(rel_err(d.out, ref.out), 1e-14) << "T " << Tn << " blocks " << bq << "," << bk;
@@ -160,6 +160,7 @@ TEST(KernelsAttention, BackwardMatchesFiniteDifferences) {
   check_backward_fd(blocks(3, 2));
   check_backward_fd(blocks(3, 2, false));
   check_backward_fd(blocks(64, 128));
+  check_backward_fd(blocks(5, 7));  // row groups of every size the kernel has (1 to 6)
 }
 
 TEST(KernelsAttention, MergeOfKeyChunksEqualsFullAndChunkBackwardsSum) {

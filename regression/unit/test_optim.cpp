@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -130,7 +131,7 @@ std::vector<T> run_sharded(const std::string& name, const std::vector<std::size_
     auto g = filled<T>("g", t);
     for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
       const auto range = std::make_pair(cuts[k], cuts[k + 1]);
-      opts[k]->step(Kokkos::subview(p, range), Kokkos::subview(g, range), schedule().at(t));
+      opts[k]->step(Kokkos::subview(p, range), Kokkos::subview(g, range), schedule().at(t), 1.0);
     }
   }
   return to_vector(p);
@@ -159,7 +160,7 @@ TEST(Optim, AdamWMatchesThePublishedFormulaInDouble) {
   Hyper no_wd = hyper();
   no_wd.weight_decay = 0;
   AdamW<double> opt(mask(), 0, kN, no_wd);
-  opt.step(p, filled<double>("g", 1), schedule().at(1));
+  opt.step(p, filled<double>("g", 1), schedule().at(1), 1.0);
   const auto a = to_vector(p), b = run_sharded<double>("adamw", {0, kN}, 1);
   for (std::size_t i = 0; i < kN; ++i) {
     if (!decayed(i)) {
@@ -203,7 +204,7 @@ TEST(Optim, ResumingFromSavedStateIsBitIdentical) {
   const auto straight = run_sharded<double>("adamw", {0, kN}, kSteps);
   auto p = filled<double>("p", 0);
   AdamW<double> first(mask(), 0, kN, hyper());
-  for (int t = 1; t <= 3; ++t) first.step(p, filled<double>("g", t), schedule().at(t));
+  for (int t = 1; t <= 3; ++t) first.step(p, filled<double>("g", t), schedule().at(t), 1.0);
   AdamW<double> second(mask(), 0, kN, hyper());
   const auto saved = first.state(), fresh = second.state();
   ASSERT_EQ(saved.size(), 2u);
@@ -215,7 +216,7 @@ TEST(Optim, ResumingFromSavedStateIsBitIdentical) {
   }
   EXPECT_EQ(first.t(), 3);
   second.set_t(first.t());
-  for (int t = 4; t <= kSteps; ++t) second.step(p, filled<double>("g", t), schedule().at(t));
+  for (int t = 4; t <= kSteps; ++t) second.step(p, filled<double>("g", t), schedule().at(t), 1.0);
   const auto resumed = to_vector(p);
   EXPECT_EQ(std::memcmp(resumed.data(), straight.data(), kN * sizeof(double)), 0);
 }
@@ -311,7 +312,37 @@ TEST(Optim, StateIsChargedToTheOptimizerCategory) {
   EXPECT_THROW(make_optimizer<double>("lion", mask(), 0, kN, hyper()), Error);
   AdamW<double> opt(mask(), 0, 10, hyper());
   Kokkos::View<double*> wrong("wrong", 11);
-  EXPECT_THROW(opt.step(wrong, wrong, 1e-3), Error);
+  EXPECT_THROW(opt.step(wrong, wrong, 1e-3, 1.0), Error);
+}
+
+// Clipping inside the update (grad_scale) gives bit for bit what scaling the gradients
+// first and stepping with grad_scale 1 gave, and leaves the gradients as they were.
+template <class T>
+void check_grad_scale(const std::string& name) {
+  const double factor = clip_factor(3.7, 1.0);
+  auto folded = make_optimizer<T>(name, mask(), 0, kN, hyper());
+  auto scaled = make_optimizer<T>(name, mask(), 0, kN, hyper());
+  auto p_folded = filled<T>("p", 0), p_scaled = filled<T>("p", 0);
+  for (int t = 1; t <= 3; ++t) {
+    const auto g = filled<T>("g", t), g_scaled = filled<T>("g", t);
+    const T f = T(factor);
+    Kokkos::parallel_for(
+        "scale", kN, KOKKOS_LAMBDA(std::size_t i) { g_scaled(i) *= f; });
+    folded->step(p_folded, g, schedule().at(t), factor);
+    scaled->step(p_scaled, g_scaled, schedule().at(t), 1.0);
+    EXPECT_EQ(to_vector(g), to_vector(filled<T>("g", t))) << name << " step " << t;
+  }
+  EXPECT_EQ(to_vector(p_folded), to_vector(p_scaled)) << name;
+  EXPECT_NE(to_vector(p_folded), to_vector(filled<T>("p", 0))) << name;
+  Kokkos::View<T*> p("p", kN), g("g", kN);
+  EXPECT_THROW(folded->step(p, g, 1e-3, std::numeric_limits<double>::quiet_NaN()), Error);
+}
+
+TEST(Optim, ClippingInsideTheUpdateEqualsScalingTheGradientsFirst) {
+  check_grad_scale<float>("adamw");
+  check_grad_scale<double>("adamw");
+  check_grad_scale<float>("sgd");
+  check_grad_scale<double>("sgd");
 }
 
 // ---------------------------------------------------------------- schedule, segments, clipping

@@ -109,14 +109,18 @@ KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], in
 }
 
 // f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): groups of
-// kRows, and one smaller last group, spread over the team's threads.
-constexpr int kRows = 4;
+// kRows, and one smaller last group, spread over the team's threads. Six, not four: with
+// five or more rows GCC 12 keeps the other operand's tile in registers; with four its
+// assembly loads the tile again for every FMA.
+constexpr int kRows = 6;
 
 template <class F>
 KOKKOS_INLINE_FUNCTION void row_groups(const Member& m, int n, const F& f) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (n + kRows - 1) / kRows), [&](int i) {
     const int r0 = kRows * i;
     switch (n - r0 < kRows ? n - r0 : kRows) {
+      case 6: f(std::integral_constant<int, 6>{}, r0); break;
+      case 5: f(std::integral_constant<int, 5>{}, r0); break;
       case 4: f(std::integral_constant<int, 4>{}, r0); break;
       case 3: f(std::integral_constant<int, 3>{}, r0); break;
       case 2: f(std::integral_constant<int, 2>{}, r0); break;

@@ -52,12 +52,6 @@ void copy_strided(Vec<T> dst, const Strided& d, CVec<T> src, const Strided& s, i
 }
 
 template <class T>
-void scale(Vec<T> x, T s) {
-  Kokkos::parallel_for(
-      "ptrain::scale", x.extent(0), KOKKOS_LAMBDA(std::size_t i) { x(i) *= s; });
-}
-
-template <class T>
 void axpy(Vec<T> y, T alpha, CVec<T> x) {
   PTRAIN_REQUIRE(y.extent(0) == x.extent(0), "axpy: extents differ (", y.extent(0), " vs ",
                  x.extent(0), ")");
@@ -145,7 +139,6 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
   template void fill<T>(Vec<T>, T);                                         \
   template void copy<T>(Vec<T>, CVec<T>);                                   \
   template void copy_strided<T>(Vec<T>, const Strided&, CVec<T>, const Strided&, int, int, int); \
-  template void scale<T>(Vec<T>, T);                                        \
   template void axpy<T>(Vec<T>, T, CVec<T>);                                \
   template double sum_of_squares<T>(CVec<T>);                               \
   template std::int64_t count_nonfinite<T>(CVec<T>);                        \

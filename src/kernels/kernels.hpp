@@ -29,8 +29,6 @@ template <class T>
 void copy_strided(Vec<T> dst, const Strided& d, CVec<T> src, const Strided& s, int n0, int n1,
                   int n2);
 template <class T>
-void scale(Vec<T> x, T s);  // x [=] s x
-template <class T>
 void axpy(Vec<T> y, T alpha, CVec<T> x);  // y [+=] alpha x; equal extents
 template <class T>
 double sum_of_squares(CVec<T> x);  // sum x^2, accumulated in double

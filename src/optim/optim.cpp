@@ -80,6 +80,7 @@ struct AdamWCoeffs {
   T step_size;   // lr / (1 - beta1^t)
   T sqrt_bc2;    // sqrt(1 - beta2^t)
   T eps;
+  T grad_scale;  // clipping: the gradient used is grad_scale * g
 };
 
 // p, g, m, v: (n,) — the shard; elements [begin, end) of it, all decayed by `keep` (1: none).
@@ -92,7 +93,7 @@ void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
       "ptrain::optim::adamw", Kokkos::RangePolicy<>(begin, end),
       KOKKOS_LAMBDA(const std::int64_t i) {
         const T x = p(i) * keep;
-        const T gi = g(i);
+        const T gi = g(i) * c.grad_scale;
         const T mi = m(i) * c.b1 + c.one_b1 * gi;
         const T vi = v(i) * c.b2 + c.one_b2 * gi * gi;
         m(i) = mi;
@@ -102,13 +103,13 @@ void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
       });
 }
 
-// p, g: (n,); elements [begin, end): p *= keep (1: not decayed), then p -= lr*g.
+// p, g: (n,); elements [begin, end): p *= keep (1: not decayed), then p -= lr*(scale*g).
 template <class T>
 void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g, std::size_t begin,
-                std::size_t end, const T keep, const T lr) {
+                std::size_t end, const T keep, const T lr, const T scale) {
   Kokkos::parallel_for(
       "ptrain::optim::sgd", Kokkos::RangePolicy<>(begin, end),
-      KOKKOS_LAMBDA(const std::int64_t i) { p(i) = p(i) * keep - lr * g(i); });
+      KOKKOS_LAMBDA(const std::int64_t i) { p(i) = p(i) * keep - lr * (g(i) * scale); });
 }
 
 }  // namespace detail
@@ -122,10 +123,11 @@ Optimizer<T>::Optimizer(const std::vector<Segment>& segments, std::size_t lo, st
 
 namespace {
 void check_extents(const char* who, std::size_t n, std::size_t params, std::size_t grads,
-                   double lr) {
+                   double lr, double grad_scale) {
   PTRAIN_REQUIRE(params == n && grads == n, "optim: ", who, " shard has ", n,
                  " elements but got params of ", params, " and grads of ", grads);
   PTRAIN_REQUIRE(std::isfinite(lr), "optim: ", who, " learning rate is ", lr);
+  PTRAIN_REQUIRE(std::isfinite(grad_scale), "optim: ", who, " gradient scale is ", grad_scale);
 }
 }  // namespace
 
@@ -138,8 +140,9 @@ AdamW<T>::AdamW(const std::vector<Segment>& segments, std::size_t lo, std::size_
 
 template <class T>
 void AdamW<T>::step(const typename Optimizer<T>::View& params,
-                    const typename Optimizer<T>::ConstView& grads, double lr) {
-  check_extents("AdamW", this->n_, params.extent(0), grads.extent(0), lr);
+                    const typename Optimizer<T>::ConstView& grads, double lr,
+                    double grad_scale) {
+  check_extents("AdamW", this->n_, params.extent(0), grads.extent(0), lr, grad_scale);
   const Hyper& h = this->hyper_;
   const std::int64_t t = ++this->t_;
   detail::AdamWCoeffs<T> c;
@@ -151,6 +154,7 @@ void AdamW<T>::step(const typename Optimizer<T>::View& params,
   c.step_size = T(lr / (1.0 - std::pow(h.beta1, double(t))));
   c.sqrt_bc2 = T(std::sqrt(1.0 - std::pow(h.beta2, double(t))));
   c.eps = T(h.eps);
+  c.grad_scale = T(grad_scale);
   // One launch per run of equally decayed elements (merged segments: few and long).
   for (const auto& seg : this->segments_)
     detail::adamw_update<T>(params, grads, m_.view(), v_.view(), seg.begin, seg.end,
@@ -169,12 +173,13 @@ SGD<T>::SGD(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi
 
 template <class T>
 void SGD<T>::step(const typename Optimizer<T>::View& params,
-                  const typename Optimizer<T>::ConstView& grads, double lr) {
-  check_extents("SGD", this->n_, params.extent(0), grads.extent(0), lr);
+                  const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) {
+  check_extents("SGD", this->n_, params.extent(0), grads.extent(0), lr, grad_scale);
   ++this->t_;
   const T keep = T(1.0 - lr * this->hyper_.weight_decay);
   for (const auto& seg : this->segments_)
-    detail::sgd_update<T>(params, grads, seg.begin, seg.end, seg.decay ? keep : T(1), T(lr));
+    detail::sgd_update<T>(params, grads, seg.begin, seg.end, seg.decay ? keep : T(1), T(lr),
+                            T(grad_scale));
 }
 
 template <class T>

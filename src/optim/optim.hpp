@@ -60,8 +60,11 @@ class Optimizer {
   using View = Kokkos::View<T*>;
   using ConstView = Kokkos::View<const T*>;
   virtual ~Optimizer() = default;
-  // One update of the shard; params and grads have extent size(). Increments t().
-  virtual void step(const View& params, const ConstView& grads, double lr) = 0;
+  // One update of the shard; params and grads have extent size(). Increments t(). The
+  // update uses grad_scale * g (clipping, clip_factor): the same rounded product a scaling
+  // pass over the gradients would store, without that pass; grads are left as they are.
+  virtual void step(const View& params, const ConstView& grads, double lr,
+                    double grad_scale) = 0;
   // The state over the shard by name (AdamW: "m", "v"; SGD: none), for checkpoints.
   virtual std::vector<std::pair<std::string, View>> state() const = 0;
   std::size_t size() const { return n_; }
@@ -77,7 +80,8 @@ class Optimizer {
   std::vector<Segment> segments_;  // the shard's merged segments (host: one launch each)
 };
 
-// PyTorch's AdamW (decoupled decay), per element with step t and wd on decayed elements:
+// PyTorch's AdamW (decoupled decay), per element with step t, wd on decayed elements and
+// g = grad_scale * grad:
 //   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 template <class T>
@@ -85,20 +89,20 @@ class AdamW final : public Optimizer<T> {
  public:
   AdamW(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi, const Hyper& hyper);
   void step(const typename Optimizer<T>::View& params,
-            const typename Optimizer<T>::ConstView& grads, double lr) override;
+            const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) override;
   std::vector<std::pair<std::string, typename Optimizer<T>::View>> state() const override;
 
  private:
   TrackedView<T> m_, v_;  // MemCategory::optimizer, shard-sized, zero at start
 };
 
-// Plain SGD without momentum: p *= 1 - lr*wd (decayed elements); p -= lr*g.
+// Plain SGD without momentum: p *= 1 - lr*wd (decayed elements); p -= lr*g, g = grad_scale * grad.
 template <class T>
 class SGD final : public Optimizer<T> {
  public:
   SGD(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi, const Hyper& hyper);
   void step(const typename Optimizer<T>::View& params,
-            const typename Optimizer<T>::ConstView& grads, double lr) override;
+            const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) override;
   std::vector<std::pair<std::string, typename Optimizer<T>::View>> state() const override {
     return {};
   }
@@ -112,7 +116,7 @@ std::unique_ptr<Optimizer<T>> make_optimizer(const std::string& name,
 
 // Clipping by the global norm (kernels::sum_of_squares over each rank's range, reduced by
 // the caller): 1 when max_norm <= 0 or global_norm <= max_norm, else
-// max_norm / (global_norm + 1e-6), the factor the gradients are scaled by (kernels::scale).
+// max_norm / (global_norm + 1e-6), the optimizer's grad_scale.
 double clip_factor(double global_norm, double max_norm);
 
 }  // namespace ptrain::optim
