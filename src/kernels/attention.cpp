@@ -272,10 +272,10 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
   const int bq = block_rows(cfg.q_block, Tq);
   const int bk = block_rows(cfg.k_block, Tk);
   // scratch: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk)
-  //          | D = rowsum(dO * O) (bq)
+  //          | D = rowsum(dO * O) (Tq)
   const std::size_t kt_off = 0, vt_off = std::size_t(HS) * bk, p_off = 2 * vt_off,
                     ds_off = p_off + std::size_t(bq) * bk, d_off = ds_off + std::size_t(bq) * bk,
-                    elems = d_off + bq;
+                    elems = d_off + std::size_t(Tq);
   const T scale = T(1) / std::sqrt(T(HS));
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const bool causal = cfg.causal;
@@ -299,28 +299,30 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
             for (int d = 0; d < HS; ++d) x[d] = y[d] = T(0);
           });
         }
-        for (int i0 = 0; i0 < Tq; i0 += bq) {
-          const int nq = i0 + bq <= Tq ? bq : Tq - i0;
-          const int q_pos_first = q_pos0 + i0;
-          const T* const qp = q.view.data() + q.at(b, i0, Tq) + head;
-          T* const dqp = dq.view.data() + dq.at(b, i0, Tq) + head;
-          const std::size_t o_at = (std::size_t(b) * Tq + i0) * C + head;  // in out and dout
-          const T* const doutp = dout.data() + o_at;
-          const T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
+        const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tq), [&](int t) {
+          const std::size_t at = o_head + std::size_t(t) * C;
+          w[d_off + t] = detail::row_dot(dout.data() + at, out.data() + at, HS);
+        });
+        // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
+        // dQ's rows still add the key blocks in order, and dK's and dV's the query blocks.
+        for (int j0 = 0; j0 < Tk; j0 += bk) {
+          const int nk = j0 + bk <= Tk ? bk : Tk - j0;
+          const int k_pos_first = k_pos0 + j0;
+          const T* const kp = k.view.data() + k.at(b, j0, Tk) + head;
+          const T* const vp = v.view.data() + v.at(b, j0, Tk) + head;
           team.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-            w[d_off + r] =
-                detail::row_dot(doutp + std::size_t(r) * C, out.data() + o_at + std::size_t(r) * C, HS);
-          });
-          for (int j0 = 0; j0 < Tk; j0 += bk) {
-            const int nk = j0 + bk <= Tk ? bk : Tk - j0;
-            const int k_pos_first = k_pos0 + j0;
-            if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
-            const T* const kp = k.view.data() + k.at(b, j0, Tk) + head;
-            const T* const vp = v.view.data() + v.at(b, j0, Tk) + head;
-            team.team_barrier();
-            pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
-            pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
+          pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
+          pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
+          for (int i0 = 0; i0 < Tq; i0 += bq) {
+            const int nq = i0 + bq <= Tq ? bq : Tq - i0;
+            const int q_pos_first = q_pos0 + i0;
+            if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) continue;
+            const T* const qp = q.view.data() + q.at(b, i0, Tq) + head;
+            T* const dqp = dq.view.data() + dq.at(b, i0, Tq) + head;
+            const T* const doutp = dout.data() + o_head + std::size_t(i0) * C;
+            const T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
+            const T* const dp = w + d_off + i0;
             team.team_barrier();
             row_groups(team, nq, [&](auto rows, int r0) {
               // p = exp(scale q_r K^T - lse_r), masked entries 0; dp = dO_r V^T;
@@ -350,7 +352,7 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
                     l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
                 for (int c = 0; c < nv; ++c) p[u][c] = detail::exp_(p[u][c] - l);
                 for (int c = nv; c < nk; ++c) p[u][c] = T(0);
-                const T dr = w[d_off + r];
+                const T dr = dp[r];
                 for (int c = 0; c < nk; ++c) ds[u][c] = scale * p[u][c] * (ds[u][c] - dr);
               }
               vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, nk, HS, T(1), T(1));
