@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Benchmark (issue 16): one rank with 2 threads (backend%threads = 2: the host kernels on
 # Kokkos OpenMP and BLAS) on GPT-2 124M shapes (vocab 50304, B=4, T=256, fp32, AdamW),
-# against the 2-thread sgemm peak ptrain's --bench probe measures in the same run, and
+# against the 2-thread sgemm peak ptrain's --bench probe measures in the same run (the mean
+# of its probes before and after the steps), and
 # against PyTorch (regression/bench/gpt2_torch.py on the same resolved deck) at its best
 # setting here, OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE. ptrain runs as the job scripts
 # start it (OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=PASSIVE: idle BLAS and OpenMP threads
 # sleep instead of spinning on the cores the other side works on), then with OpenMP's
 # default wait policy, then with neither. Prints s/step, the share of the sgemm peak, the
-# optimizer's share of the step, and PyTorch's time over ptrain's.
-#   regression/bench/threads.sh [build/ptrain] [steps] [--set group%key=value ...]
+# optimizer's share of the step, and PyTorch's time over ptrain's, for each of ROUNDS rounds
+# (default 3: a shared machine's speed drifts), then the median and range over the rounds.
+#   [ROUNDS=n] regression/bench/threads.sh [build/ptrain] [steps] [--set group%key=value ...]
 # Build ptrain against a Kokkos with OpenMP (make KOKKOS_ROOT=... BUILD_DIR=build-k4): with a
 # Serial Kokkos only BLAS is threaded (the "threads:" line says which). Extra --set options
 # change the shapes for both programs (e.g. a tiny model to check the script runs).
@@ -40,7 +42,8 @@ ptrain_run() {
   local step peak share opt
   step=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
                   NR > 2 { s += $col["t_step"]; n++ } END { if (n) printf "%.4f", s / n }' "$tmp/$name/log.csv")
-  peak=$(sed -n 's/^peak: sgemm probe.* = \([0-9.]*\) GFLOP\/s per rank.*/\1/p' "$tmp/$name.log")
+  # --bench probes before and after the steps; the done line is against their mean.
+  peak=$(sed -n 's/^peak: sgemm probe after the steps.* their mean, \([0-9.]*\)$/\1/p' "$tmp/$name.log")
   share=$(sed -n 's/^done: .* = \([0-9.]*\)% of peak.*/\1/p' "$tmp/$name.log")
   opt=$(awk '$1 == "optimizer" && $3 == "s" { print $4 }' "$tmp/$name.log")
   [ -n "$step" ] && [ -n "$peak" ] && [ -n "$share" ] && [ -n "$opt" ] ||
@@ -48,23 +51,41 @@ ptrain_run() {
   echo "$step $share ${opt%\%} $peak"
 }
 
-read -r t_job share_job opt_job peak_job < <(ptrain_run job OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=PASSIVE)
-read -r t_act share_act opt_act peak_act < <(ptrain_run active -u OMP_WAIT_POLICY OPENBLAS_THREAD_TIMEOUT=4)
-read -r t_spin share_spin opt_spin peak_spin < <(ptrain_run spin -u OMP_WAIT_POLICY -u OPENBLAS_THREAD_TIMEOUT)
-torch_out=$("${native[@]}" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 \
-  "$here/regression/bench/gpt2_torch.py" "$tmp/job/deck.nml" "$steps") ||
-  { echo "threads.sh: gpt2_torch.py failed: $torch_out" >&2; exit 1; }
-echo "$torch_out" | head -1
-t_torch=$(sed -n 's/^torch: \([0-9.]*\) s\/step.*/\1/p' <<<"$torch_out")
-
-printf '%-36s %9s %16s %10s %12s\n' run "s/step" "of sgemm peak" optimizer "torch/ptrain"
-row() {  # row LABEL SECONDS SHARE OPT PEAK
-  printf '%-36s %9.3f %7.1f%% of %-5.0f %9.1f%% %12.2f\n' "$1" "$2" "$3" "$5" "$4" \
-    "$(awk -v a="$t_torch" -v b="$2" 'BEGIN { print a / b }')"
+rounds=${ROUNDS:-3}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "threads.sh: ROUNDS=$rounds is not a positive integer" >&2; exit 1; }
+printf '%-6s %-36s %9s %16s %10s %12s\n' round run "s/step" "of sgemm peak" optimizer "torch/ptrain"
+row() {  # row ROUND LABEL SECONDS SHARE OPT PEAK TORCH_SECONDS
+  printf '%-6s %-36s %9.3f %7.1f%% of %-5.0f %9.1f%% %12.2f\n' "$1" "$2" "$3" "$4" "$6" "$5" \
+    "$(awk -v a="$7" -v b="$3" 'BEGIN { print a / b }')"
 }
-row "ptrain, 2 threads (job scripts)" "$t_job" "$share_job" "$opt_job" "$peak_job"
-row "  OpenMP threads spin" "$t_act" "$share_act" "$opt_act" "$peak_act"
-row "  OpenMP and BLAS threads spin" "$t_spin" "$share_spin" "$opt_spin" "$peak_spin"
-printf '%-36s %9.3f\n' "PyTorch, 2 threads, OMP PASSIVE" "$t_torch"
-echo "(sgemm peak: GFLOP/s of ptrain's 2-thread probe in that run; target: >= 90% of it," \
-     "optimizer < 4% of the step, >= 3x PyTorch)"
+declare -a r_job r_share r_opt r_ratio r_act r_spin r_torch
+for ((k = 1; k <= rounds; k++)); do
+  read -r t_job share_job opt_job peak_job < <(ptrain_run job OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=PASSIVE)
+  read -r t_act share_act opt_act peak_act < <(ptrain_run active -u OMP_WAIT_POLICY OPENBLAS_THREAD_TIMEOUT=4)
+  read -r t_spin share_spin opt_spin peak_spin < <(ptrain_run spin -u OMP_WAIT_POLICY -u OPENBLAS_THREAD_TIMEOUT)
+  torch_out=$("${native[@]}" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 \
+    "$here/regression/bench/gpt2_torch.py" "$tmp/job/deck.nml" "$steps") ||
+    { echo "threads.sh: gpt2_torch.py failed: $torch_out" >&2; exit 1; }
+  [ "$k" = 1 ] && echo "$torch_out" | head -1 >&2
+  t_torch=$(sed -n 's/^torch: \([0-9.]*\) s\/step.*/\1/p' <<<"$torch_out")
+  row "$k" "ptrain, 2 threads (job scripts)" "$t_job" "$share_job" "$opt_job" "$peak_job" "$t_torch"
+  row "$k" "  OpenMP threads spin" "$t_act" "$share_act" "$opt_act" "$peak_act" "$t_torch"
+  row "$k" "  OpenMP and BLAS threads spin" "$t_spin" "$share_spin" "$opt_spin" "$peak_spin" "$t_torch"
+  printf '%-6s %-36s %9.3f\n' "$k" "PyTorch, 2 threads, OMP PASSIVE" "$t_torch"
+  r_job+=("$t_job"); r_share+=("$share_job"); r_opt+=("$opt_job"); r_act+=("$t_act")
+  r_spin+=("$t_spin"); r_torch+=("$t_torch")
+  r_ratio+=("$(awk -v a="$t_torch" -v b="$t_job" 'BEGIN { print a / b }')")
+done
+# stat FORMAT VALUES...: "median [min max]" in FORMAT (the lower median for an even count)
+stat() {
+  local f=$1; shift
+  printf '%s\n' "$@" | sort -g |
+    awk -v f="$f" '{ v[NR] = $1 } END { printf f " [" f " " f "]", v[int((NR + 1) / 2)], v[1], v[NR] }'
+}
+echo "median [min max] over $rounds round(s), ptrain as the job scripts start it:"
+echo "  s/step $(stat %.3f "${r_job[@]}"); of the sgemm peak $(stat %.1f%% "${r_share[@]}");" \
+     "optimizer $(stat %.1f%% "${r_opt[@]}"); PyTorch/ptrain $(stat %.2f "${r_ratio[@]}")"
+echo "  s/step with OpenMP threads spinning $(stat %.3f "${r_act[@]}"), with both spinning" \
+     "$(stat %.3f "${r_spin[@]}"); PyTorch s/step $(stat %.3f "${r_torch[@]}")"
+echo "(sgemm peak: GFLOP/s of ptrain's 2-thread probe, the mean of its probes before and after" \
+     "the steps; target: >= 90% of it, optimizer < 4% of the step, >= 3x PyTorch)"
