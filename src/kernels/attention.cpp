@@ -75,10 +75,11 @@ KOKKOS_INLINE_FUNCTION T* scratch(const Member& m, std::size_t elems) {
 // depend on R or the tiling.
 constexpr int kTile = 16;
 
-template <class T, int R, int Tiles>
+template <class T, int R, int Tiles, bool Partial>
 KOKKOS_INLINE_FUNCTION void vec_mat_tiles(T* const (&y)[R], const T* const (&x)[R], int incx,
                                           const T* M, int ldm, int k, T alpha, T beta, int j,
                                           int width) {
+  static_assert(!Partial || Tiles == 1, "only a single tile may be partial");
   T acc[R][Tiles][kTile] = {};
   for (int i = 0; i < k; ++i) {
     const T* m = M + std::size_t(i) * ldm + j;
@@ -86,13 +87,13 @@ KOKKOS_INLINE_FUNCTION void vec_mat_tiles(T* const (&y)[R], const T* const (&x)[
       const T xi = x[u][std::size_t(i) * incx];
       for (int t = 0; t < Tiles; ++t)
         for (int l = 0; l < kTile; ++l)
-          if (Tiles > 1 || l < width) acc[u][t][l] += xi * m[t * kTile + l];
+          if (!Partial || l < width) acc[u][t][l] += xi * m[t * kTile + l];
     }
   }
   for (int u = 0; u < R; ++u)
     for (int t = 0; t < Tiles; ++t)
       for (int l = 0; l < kTile; ++l) {
-        if (Tiles == 1 && l >= width) break;
+        if (Partial && l >= width) break;
         T& out = y[u][j + t * kTile + l];
         out = beta == T(0) ? alpha * acc[u][t][l] : beta * out + alpha * acc[u][t][l];
       }
@@ -103,9 +104,12 @@ KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], in
                                     int ldm, int k, int n, T alpha, T beta) {
   int j = 0;
   for (; j + 4 * kTile <= n; j += 4 * kTile)
-    vec_mat_tiles<T, R, 4>(y, x, incx, M, ldm, k, alpha, beta, j, 4 * kTile);
-  for (; j < n; j += kTile)  // whole tiles, then one partial tile
-    vec_mat_tiles<T, R, 1>(y, x, incx, M, ldm, k, alpha, beta, j, n - j < kTile ? n - j : kTile);
+    vec_mat_tiles<T, R, 4, false>(y, x, incx, M, ldm, k, alpha, beta, j, 4 * kTile);
+  // Then single whole tiles, and one partial tile: a runtime width stops GCC from keeping
+  // whole tiles in vector registers (6x slower), so only the last tile has one.
+  for (; j + kTile <= n; j += kTile)
+    vec_mat_tiles<T, R, 1, false>(y, x, incx, M, ldm, k, alpha, beta, j, kTile);
+  if (j < n) vec_mat_tiles<T, R, 1, true>(y, x, incx, M, ldm, k, alpha, beta, j, n - j);
 }
 
 // f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): groups of
