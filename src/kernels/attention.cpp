@@ -276,10 +276,10 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
   const int bq = block_rows(cfg.q_block, Tq);
   const int bk = block_rows(cfg.k_block, Tk);
   // scratch: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk)
-  //          | D = rowsum(dO * O) (Tq)
+  //          | D = rowsum(dO * O) (bq)
   const std::size_t kt_off = 0, vt_off = std::size_t(HS) * bk, p_off = 2 * vt_off,
                     ds_off = p_off + std::size_t(bq) * bk, d_off = ds_off + std::size_t(bq) * bk,
-                    elems = d_off + std::size_t(Tq);
+                    elems = d_off + bq;
   const T scale = T(1) / std::sqrt(T(HS));
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const bool causal = cfg.causal;
@@ -304,10 +304,6 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
           });
         }
         const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tq), [&](int t) {
-          const std::size_t at = o_head + std::size_t(t) * C;
-          w[d_off + t] = detail::row_dot(dout.data() + at, out.data() + at, HS);
-        });
         // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
         // dQ's rows still add the key blocks in order, and dK's and dV's the query blocks.
         for (int j0 = 0; j0 < Tk; j0 += bk) {
@@ -325,8 +321,14 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
             const T* const qp = q.view.data() + q.at(b, i0, Tq) + head;
             T* const dqp = dq.view.data() + dq.at(b, i0, Tq) + head;
             const T* const doutp = dout.data() + o_head + std::size_t(i0) * C;
+            const T* const outp = out.data() + o_head + std::size_t(i0) * C;
             const T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
-            const T* const dp = w + d_off + i0;
+            team.team_barrier();
+            // D again for each key block: a (bq, HS) pass, against scratch that stays a few
+            // blocks whatever the sequence length.
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+              w[d_off + r] = detail::row_dot(doutp + std::size_t(r) * C, outp + std::size_t(r) * C, HS);
+            });
             team.team_barrier();
             row_groups(team, nq, [&](auto rows, int r0) {
               // p = exp(scale q_r K^T - lse_r), masked entries 0; dp = dO_r V^T;
@@ -356,7 +358,7 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
                     l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
                 for (int c = 0; c < nv; ++c) p[u][c] = detail::exp_(p[u][c] - l);
                 for (int c = nv; c < nk; ++c) p[u][c] = T(0);
-                const T dr = dp[r];
+                const T dr = w[d_off + r];
                 for (int c = 0; c < nk; ++c) ds[u][c] = scale * p[u][c] * (ds[u][c] - dr);
               }
               vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, nk, HS, T(1), T(1));
