@@ -305,13 +305,12 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     summary_peak = 0.5 * (peak + after);
     log::info(cat("peak: sgemm probe after the steps = ", fixed("%.1f", after),
                   " GFLOP/s per rank (before them ", fixed("%.1f", peak),
-                  "); the done line measures against their mean, ",
-                  fixed("%.1f", summary_peak)));
+                  "); the done line measures against their mean, ", fixed("%.1f", summary_peak)));
   }
   const double tok_s = busy > 0 ? tokens / busy : 0;
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;
-  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds),
-                "; final loss ", fixed("%.4f", last_loss),
+  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds), "; final loss ",
+                fixed("%.4f", last_loss),
                 std::isnan(last_val) ? std::string() : cat(", val loss ", fixed("%.4f", last_val)),
                 "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
                 " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (summary_peak * world)),

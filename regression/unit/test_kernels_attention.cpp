@@ -89,8 +89,8 @@ TEST(KernelsAttention, ForwardMatchesNaiveForAnyBlocking) {
     for (bool causal : {true, false}) {
       const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * NH * HS, 100 + Tn, -2, 2);
       const Naive ref = naive_qkv(qkv, B, Tn, NH, HS, causal);
-      for (auto [bq, bk] :
-           std::vector<std::pair<int, int>>{{2, 3}, {3, 2}, {1, 1}, {7, 7}, {4, 8}, {5, 6}, {64, 128}}) {
+      for (auto [bq, bk] : std::vector<std::pair<int, int>>{
+               {2, 3}, {3, 2}, {1, 1}, {7, 7}, {4, 8}, {5, 6}, {64, 128}}) {
         const auto cfg = blocks(bq, bk, causal);
         const Naive d = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
         EXPECT_LT(rel_err(d.out, ref.out), 1e-14) << "T " << Tn << " blocks " << bq << "," << bk;

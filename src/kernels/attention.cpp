@@ -327,7 +327,8 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
             // D again for each key block: a (bq, HS) pass, against scratch that stays a few
             // blocks whatever the sequence length.
             Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-              w[d_off + r] = detail::row_dot(doutp + std::size_t(r) * C, outp + std::size_t(r) * C, HS);
+              w[d_off + r] =
+                  detail::row_dot(doutp + std::size_t(r) * C, outp + std::size_t(r) * C, HS);
             });
             team.team_barrier();
             row_groups(team, nq, [&](auto rows, int r0) {

@@ -122,8 +122,8 @@ Optimizer<T>::Optimizer(const std::vector<Segment>& segments, std::size_t lo, st
     : n_(hi - lo), hyper_(hyper), segments_(shard_segments(segments, lo, hi)) {}
 
 namespace {
-void check_extents(const char* who, std::size_t n, std::size_t params, std::size_t grads,
-                   double lr, double grad_scale) {
+void check_extents(const char* who, std::size_t n, std::size_t params, std::size_t grads, double lr,
+                   double grad_scale) {
   PTRAIN_REQUIRE(params == n && grads == n, "optim: ", who, " shard has ", n,
                  " elements but got params of ", params, " and grads of ", grads);
   PTRAIN_REQUIRE(std::isfinite(lr), "optim: ", who, " learning rate is ", lr);
@@ -140,8 +140,7 @@ AdamW<T>::AdamW(const std::vector<Segment>& segments, std::size_t lo, std::size_
 
 template <class T>
 void AdamW<T>::step(const typename Optimizer<T>::View& params,
-                    const typename Optimizer<T>::ConstView& grads, double lr,
-                    double grad_scale) {
+                    const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) {
   check_extents("AdamW", this->n_, params.extent(0), grads.extent(0), lr, grad_scale);
   const Hyper& h = this->hyper_;
   const std::int64_t t = ++this->t_;
@@ -179,7 +178,7 @@ void SGD<T>::step(const typename Optimizer<T>::View& params,
   const T keep = T(1.0 - lr * this->hyper_.weight_decay);
   for (const auto& seg : this->segments_)
     detail::sgd_update<T>(params, grads, seg.begin, seg.end, seg.decay ? keep : T(1), T(lr),
-                            T(grad_scale));
+                          T(grad_scale));
 }
 
 template <class T>

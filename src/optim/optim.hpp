@@ -63,8 +63,7 @@ class Optimizer {
   // One update of the shard; params and grads have extent size(). Increments t(). The
   // update uses grad_scale * g (clipping, clip_factor): the same rounded product a scaling
   // pass over the gradients would store, without that pass; grads are left as they are.
-  virtual void step(const View& params, const ConstView& grads, double lr,
-                    double grad_scale) = 0;
+  virtual void step(const View& params, const ConstView& grads, double lr, double grad_scale) = 0;
   // The state over the shard by name (AdamW: "m", "v"; SGD: none), for checkpoints.
   virtual std::vector<std::pair<std::string, View>> state() const = 0;
   std::size_t size() const { return n_; }
