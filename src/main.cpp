@@ -296,24 +296,23 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   if (config.checkpoint.save_final) ckpt::save_final(config, grid, trainer);
 
   const double seconds = wall_seconds() - t0;
-  log_memory_peaks(config);  // before the second probe, whose buffers are not the run's
-  // --bench probes again after the steps: a shared node's speed drifts over a run, so the
-  // summary measures against the mean of the probes before and after.
-  double summary_peak = peak;
-  if (bench && config.backend.peak_gflops <= 0) {
-    const double after = kernels::measure_gemm_peak_gflops(2.0);
-    summary_peak = 0.5 * (peak + after);
-    log::info(cat("peak: sgemm probe after the steps = ", fixed("%.1f", after),
-                  " GFLOP/s per rank (before them ", fixed("%.1f", peak),
-                  "); the done line measures against their mean, ", fixed("%.1f", summary_peak)));
-  }
   const double tok_s = busy > 0 ? tokens / busy : 0;
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;
-  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds), "; final loss ",
-                fixed("%.4f", last_loss),
+  log_memory_peaks(config);  // before the second probe, whose buffers are not the run's
+  // --bench probes again after the steps, for comparison: a shared node's speed drifts over
+  // a run. The done line stays against the probe before the steps, as the step lines are.
+  if (bench && config.backend.peak_gflops <= 0) {
+    const double after = kernels::measure_gemm_peak_gflops(2.0);
+    log::info(cat("peak: sgemm probe after the steps = ", fixed("%.1f", after),
+                  " GFLOP/s per rank (before them ", fixed("%.1f", peak),
+                  "); against it the steps ran at ",
+                  fixed("%.1f%%", 100 * gflops / (after * world))));
+  }
+  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds),
+                "; final loss ", fixed("%.4f", last_loss),
                 std::isnan(last_val) ? std::string() : cat(", val loss ", fixed("%.4f", last_val)),
                 "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
-                " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (summary_peak * world)),
+                " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
                 " of peak (steps after the first)"));
 
   if (bench)
