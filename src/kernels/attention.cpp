@@ -105,8 +105,8 @@ KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], in
   int j = 0;
   for (; j + 4 * kTile <= n; j += 4 * kTile)
     vec_mat_tiles<T, R, 4, false>(y, x, incx, M, ldm, k, alpha, beta, j, 4 * kTile);
-  // Then single whole tiles, and one partial tile: a runtime width stops GCC from keeping
-  // whole tiles in vector registers (6x slower), so only the last tile has one.
+  // Then single whole tiles, and one partial tile: with a runtime width GCC vectorises a
+  // tile poorly (attention at head size 32 took 2.4-2.8x longer), so only the last has one.
   for (; j + kTile <= n; j += kTile)
     vec_mat_tiles<T, R, 1, false>(y, x, incx, M, ldm, k, alpha, beta, j, kTile);
   if (j < n) vec_mat_tiles<T, R, 1, true>(y, x, incx, M, ldm, k, alpha, beta, j, n - j);
