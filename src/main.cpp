@@ -207,6 +207,16 @@ double peak_gflops(const Config& config, int threads, bool bench) {
   return peak;
 }
 
+// --bench probes again after the steps, for comparison: a shared node's speed drifts over a
+// run. The done line stays against the probe before the steps (`before`), as the step lines
+// are; this line gives the rank's GFLOP/s against the probe after them.
+void log_probe_after(double before, double gflops_per_rank) {
+  const double after = kernels::measure_gemm_peak_gflops(2.0);
+  log::info(cat("peak: sgemm probe after the steps = ", fixed("%.1f", after),
+                " GFLOP/s per rank (before them ", fixed("%.1f", before),
+                "); against it the steps ran at ", fixed("%.1f%%", 100 * gflops_per_rank / after)));
+}
+
 template <class T>
 void log_model_and_data(const Config& config, const parallel::Trainer<T>& trainer) {
   std::int64_t held = 0;
@@ -299,15 +309,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const double tok_s = busy > 0 ? tokens / busy : 0;
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;
   log_memory_peaks(config);  // before the second probe, whose buffers are not the run's
-  // --bench probes again after the steps, for comparison: a shared node's speed drifts over
-  // a run. The done line stays against the probe before the steps, as the step lines are.
-  if (bench && config.backend.peak_gflops <= 0) {
-    const double after = kernels::measure_gemm_peak_gflops(2.0);
-    log::info(cat("peak: sgemm probe after the steps = ", fixed("%.1f", after),
-                  " GFLOP/s per rank (before them ", fixed("%.1f", peak),
-                  "); against it the steps ran at ",
-                  fixed("%.1f%%", 100 * gflops / (after * world))));
-  }
+  if (bench && config.backend.peak_gflops <= 0) log_probe_after(peak, gflops / world);
   log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds),
                 "; final loss ", fixed("%.4f", last_loss),
                 std::isnan(last_val) ? std::string() : cat(", val loss ", fixed("%.4f", last_val)),

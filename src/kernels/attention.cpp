@@ -143,6 +143,39 @@ KOKKOS_INLINE_FUNCTION void pack_transposed(const Member& m, T* bt, const T* src
   });
 }
 
+// x's rows t < n of batch b, head columns [head, head + HS), set to zero by the team.
+template <class T>
+KOKKOS_INLINE_FUNCTION void zero_head_rows(const Member& m, const Heads<T>& x, int b, int n,
+                                           std::size_t head, int HS) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int t) {
+    T* const row = x.view.data() + x.at(b, t, n) + head;
+    for (int d = 0; d < HS; ++d) row[d] = T(0);
+  });
+}
+
+// One query row's online-softmax step over a key block: s (nv) [=] exp(s - m') with m' the
+// new running max m, the running sum l rescaled and extended, and acc (HS) rescaled.
+template <class T>
+KOKKOS_INLINE_FUNCTION void online_softmax_step(T* s, int nv, T& m, T& l, T* acc, int HS,
+                                                T neg_inf) {
+  const T m_blk = detail::row_max(s, nv, neg_inf);
+  const T m_new = m > m_blk ? m : m_blk;
+  const T corr = m == neg_inf ? T(0) : detail::exp_(m - m_new);
+  for (int c = 0; c < nv; ++c) s[c] = detail::exp_(s[c] - m_new);
+  l = l * corr + detail::row_sum(s, nv);
+  m = m_new;
+  for (int d = 0; d < HS; ++d) acc[d] *= corr;
+}
+
+// One query row of a backward block: p (nk) [=] exp(p - lse) on its nv visible keys and 0
+// past them; ds (nk), holding dP = dO V^T, [=] scale p (dP - D).
+template <class T>
+KOKKOS_INLINE_FUNCTION void softmax_backward_row(T* p, T* ds, int nv, int nk, T lse, T D, T scale) {
+  for (int c = 0; c < nv; ++c) p[c] = detail::exp_(p[c] - lse);
+  for (int c = nv; c < nk; ++c) p[c] = T(0);
+  for (int c = 0; c < nk; ++c) ds[c] = scale * p[c] * (ds[c] - D);
+}
+
 }  // namespace
 
 std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg) {
@@ -222,15 +255,8 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
             for (int u = 0; u < R; ++u) {
               const int r = r0 + u;
               for (int c = nv[u]; c < kmax; ++c) s[u][c] = T(0);
-              if (nv[u] == 0) continue;
-              const T m_prev = w[m_off + r];
-              const T m_blk = detail::row_max(s[u], nv[u], neg_inf);
-              const T m_new = m_prev > m_blk ? m_prev : m_blk;
-              const T corr = m_prev == neg_inf ? T(0) : detail::exp_(m_prev - m_new);
-              for (int c = 0; c < nv[u]; ++c) s[u][c] = detail::exp_(s[u][c] - m_new);
-              w[l_off + r] = w[l_off + r] * corr + detail::row_sum(s[u], nv[u]);
-              w[m_off + r] = m_new;
-              for (int d = 0; d < HS; ++d) acc[u][d] *= corr;
+              if (nv[u] > 0)
+                online_softmax_step(s[u], nv[u], w[m_off + r], w[l_off + r], acc[u], HS, neg_inf);
             }
             vec_mat<T, R>(acc, pr, 1, vp, v.ld, kmax, HS, T(1), T(1));
           });
@@ -293,15 +319,9 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
         T* const w = scratch<T>(team, elems);
         // This team's rows of dq, dk and dv: zeroed unless accumulating.
         if (!accumulate) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tq), [&](int t) {
-            T* const x = dq.view.data() + dq.at(b, t, Tq) + head;
-            for (int d = 0; d < HS; ++d) x[d] = T(0);
-          });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tk), [&](int t) {
-            T* const x = dk.view.data() + dk.at(b, t, Tk) + head;
-            T* const y = dv.view.data() + dv.at(b, t, Tk) + head;
-            for (int d = 0; d < HS; ++d) x[d] = y[d] = T(0);
-          });
+          zero_head_rows(team, dq, b, Tq, head, HS);
+          zero_head_rows(team, dk, b, Tk, head, HS);
+          zero_head_rows(team, dv, b, Tk, head, HS);
         }
         const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
         // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
@@ -357,10 +377,7 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
                 const T l = lsep[r];
                 const int nv =
                     l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-                for (int c = 0; c < nv; ++c) p[u][c] = detail::exp_(p[u][c] - l);
-                for (int c = nv; c < nk; ++c) p[u][c] = T(0);
-                const T dr = w[d_off + r];
-                for (int c = 0; c < nk; ++c) ds[u][c] = scale * p[u][c] * (ds[u][c] - dr);
+                softmax_backward_row(p[u], ds[u], nv, nk, l, w[d_off + r], scale);
               }
               vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, nk, HS, T(1), T(1));
             });
