@@ -40,6 +40,7 @@
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
+#include "util/mpi.hpp"
 #include "util/profile.hpp"
 #include "util/signals.hpp"
 #include "util/timer.hpp"
@@ -400,11 +401,9 @@ int guarded_main(int argc, char** argv) {
       MPI_Finalize();
       return e.exit_code();
     }
-    log::error_any_rank(e.what());
-    MPI_Abort(MPI_COMM_WORLD, e.exit_code());
+    mpi::abort_job(e.what(), e.exit_code());
   } catch (const std::exception& e) {
-    log::error_any_rank(cat("internal error: ", e.what()));
-    MPI_Abort(MPI_COMM_WORLD, kExitRuntime);
+    mpi::abort_job(cat("internal error: ", e.what()), kExitRuntime);
   }
   MPI_Finalize();
   return code;

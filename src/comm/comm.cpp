@@ -6,9 +6,8 @@
 
 #include "comm/watchdog.hpp"
 #include "grid/layout.hpp"
-#include "util/log.hpp"
-#include "util/mpi.hpp"
 #include "util/error.hpp"
+#include "util/mpi.hpp"
 #include "util/timer.hpp"
 #include "util/trace.hpp"
 
@@ -97,10 +96,9 @@ void Comm::report_hang(const char* op, std::int64_t seq, double waited) const {
     who = cat("; not arrived: ", missing.empty() ? "none of the ranks on this node" : missing,
               unseen.empty() ? "" : cat("; on other nodes, not visible from here: ranks ", unseen));
   }
-  log::error_any_rank(cat("hang: waited ", waited, " s (run%hang_timeout) for ", op, " #", seq,
-                          " on group '", name_, "'", who, "; aborting the job"));
-  MPI_Abort(MPI_COMM_WORLD, kExitRuntime);
-  std::abort();
+  mpi::abort_job(cat("hang: waited ", waited, " s (run%hang_timeout) for ", op, " #", seq,
+                     " on group '", name_, "'", who, "; aborting the job"),
+                 kExitRuntime);
 }
 
 void Comm::count(double bytes) {

@@ -1,9 +1,24 @@
 #include "util/mpi.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdlib>
+#include <thread>
+
+#include "util/log.hpp"
 
 namespace ptrain::mpi {
+
+void abort_job(const std::string& line, int exit_code) {
+  log::error_any_rank(line);
+  // MPICH's Hydra can act on the abort before it has forwarded this rank's stderr, and the
+  // message naming the failing rank is then lost (seen once in CI). A moment's pause lets the
+  // launcher drain the pipe first; it costs nothing on a job that is ending anyway.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::abort();  // MPI_Abort does not return; this tells the compiler so
+}
 
 void check(int rc, const std::string& what) {
   if (rc == MPI_SUCCESS) return;

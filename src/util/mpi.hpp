@@ -17,6 +17,10 @@ namespace ptrain::mpi {
 // Throws Error("<what> failed: <MPI's reason>") unless rc is MPI_SUCCESS. Not collective.
 void check(int rc, const std::string& what);
 
+// One rank's fault: prints "[rank N] error: <line>" on stderr and aborts the whole job with
+// `exit_code`. Not collective; never returns.
+[[noreturn]] void abort_job(const std::string& line, int exit_code);
+
 int rank(MPI_Comm comm);  // not collective
 int size(MPI_Comm comm);  // not collective
 
