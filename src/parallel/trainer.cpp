@@ -173,7 +173,9 @@ std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
   // The loss comes from the last stage, the same on every tp rank: counted once, from tp
   // rank 0. Each rank's share of the norm covers what it owns (DataParallel).
   double v[2] = {grid_.coord(Axis::t) == 0 ? loss_sum : 0.0, 0.0};
-  for (auto& ch : chunks_) v[1] += ch.dp->owned_grad_sum_of_squares();
+  profile::region("grad-norm", [&] {
+    for (auto& ch : chunks_) v[1] += ch.dp->owned_grad_sum_of_squares();
+  });
   mpi::check(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, grid_.cart()),
              "trainer: MPI_Allreduce (loss and gradient norm)");
   return {v[0], v[1]};
