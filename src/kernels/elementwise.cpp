@@ -131,7 +131,7 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
         const T sech2 = T(1) - th * th;
         const T du = T(kGeluScale) * (T(1) + T(3 * kGeluCubic) * x * x);
         const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du;
-        dinp(i) += grad * dout(i);
+        dinp(i) = grad * dout(i);
       });
 }
 

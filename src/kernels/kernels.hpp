@@ -43,7 +43,7 @@ void residual_forward(Vec<T> out, CVec<T> a, CVec<T> b, std::size_t n);
 // out [=] gelu(inp), tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <class T>
 void gelu_forward(Vec<T> out, CVec<T> inp, std::size_t n);
-// dinp [+=] gelu'(inp) * dout.
+// dinp = gelu'(inp) * dout (written, not added: no caller accumulates into it).
 template <class T>
 void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n);
 

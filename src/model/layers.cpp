@@ -162,7 +162,6 @@ template <class T>
 Vec<T> MLP<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> dy, const Grads& g,
                         Vec<T> full, Vec<T> dx, Vec<T> rows) const {
   proj.backward(c, a.fch_gelu, dy, full, g.dgelu);
-  profile::region("zero-fill", [&] { K::fill(g.dfch, T(0)); });
   profile::region("gelu",
                   [&] { K::gelu_backward<T>(g.dfch, a.fch, g.dgelu, a.fch.extent(0)); });
   return fc.backward(c, x, g.dfch, dx, rows);

@@ -227,7 +227,6 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
     const auto rowsF = [&](const K::Vec<T>& v) { return slice(v, at * Fl, std::int64_t(n) * Fl); };
     profile::region("zero-fill", [&] {
       K::fill(rowsF(g.dh), T(0));
-      K::fill(rowsF(g.dpre), T(0));
       K::fill(rowsC(g.dxr), T(0));
     });
     profile::region("matmul", [&] {
