@@ -47,6 +47,14 @@ KOKKOS_INLINE_FUNCTION int visible_keys(bool causal, int q_pos, int k_pos_first,
   return lim < 0 ? 0 : (lim < nk ? lim : nk);
 }
 
+// Score columns a row group computes: its last row's visible keys kmax, rounded up to whole
+// tiles (within nk). Past kmax every score of the group is masked, so on a causal diagonal
+// block the products do about half the work.
+KOKKOS_INLINE_FUNCTION int score_columns(int kmax, int nk, int tile) {
+  const int n = (kmax + tile - 1) / tile * tile;
+  return n < nk ? n : nk;
+}
+
 // True when the whole key block starting at k_pos_first lies after every query of the
 // query block ending at q_pos_last (so it and all later key blocks are masked).
 KOKKOS_INLINE_FUNCTION bool block_masked(bool causal, int q_pos_last, int k_pos_first) {
@@ -75,11 +83,59 @@ KOKKOS_INLINE_FUNCTION T* scratch(const Member& m, std::size_t elems) {
 // depend on R or the tiling.
 constexpr int kTile = 16;
 
+// On a host compiler with GNU vector types, a whole tile is one vector value. GCC 12 does not
+// vectorise the plain loops below into registers for one or two tiles (it kept their sums on
+// the stack: 38-46 GFLOP/s on one core against 200-220 for three or four tiles); with vector
+// types every tile count runs at 140-210.
+#if !PTRAIN_KERNELS_DEVICE_PASS && (defined(__GNUC__) || defined(__clang__))
+#define PTRAIN_ATTENTION_TILE_VECTORS 1
+template <class T>
+struct TileVector;
+template <>
+struct TileVector<float> {
+  typedef float type __attribute__((vector_size(kTile * sizeof(float))));
+};
+template <>
+struct TileVector<double> {
+  typedef double type __attribute__((vector_size(kTile * sizeof(double))));
+};
+#else
+#define PTRAIN_ATTENTION_TILE_VECTORS 0
+#endif
+
 template <class T, int R, int Tiles, bool Partial>
 KOKKOS_INLINE_FUNCTION void vec_mat_tiles(T* const (&y)[R], const T* const (&x)[R], int incx,
                                           const T* M, int ldm, int k, T alpha, T beta, int j,
                                           int width) {
   static_assert(!Partial || Tiles == 1, "only a single tile may be partial");
+#if PTRAIN_ATTENTION_TILE_VECTORS
+  if constexpr (!Partial) {
+    using V = typename TileVector<T>::type;
+    V acc[R][Tiles] = {};
+    for (int i = 0; i < k; ++i) {
+      const T* m = M + std::size_t(i) * ldm + j;
+      V mv[Tiles];
+      for (int t = 0; t < Tiles; ++t) __builtin_memcpy(&mv[t], m + t * kTile, sizeof(V));
+      for (int u = 0; u < R; ++u) {
+        const T xi = x[u][std::size_t(i) * incx];
+        for (int t = 0; t < Tiles; ++t) acc[u][t] += xi * mv[t];
+      }
+    }
+    for (int u = 0; u < R; ++u)
+      for (int t = 0; t < Tiles; ++t) {
+        T* const out = y[u] + j + t * kTile;
+        V o;
+        if (beta == T(0)) {
+          o = alpha * acc[u][t];
+        } else {
+          __builtin_memcpy(&o, out, sizeof(V));
+          o = beta * o + alpha * acc[u][t];
+        }
+        __builtin_memcpy(out, &o, sizeof(V));
+      }
+    return;
+  }
+#endif
   T acc[R][Tiles][kTile] = {};
   for (int i = 0; i < k; ++i) {
     const T* m = M + std::size_t(i) * ldm + j;
@@ -105,17 +161,23 @@ KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], in
   int j = 0;
   for (; j + 4 * kTile <= n; j += 4 * kTile)
     vec_mat_tiles<T, R, 4, false>(y, x, incx, M, ldm, k, alpha, beta, j, 4 * kTile);
-  // Then single whole tiles, and one partial tile: with a runtime width GCC vectorises a
-  // tile poorly (attention at head size 32 took 2.4-2.8x longer), so only the last has one.
-  for (; j + kTile <= n; j += kTile)
+  // Then up to three whole tiles together (one tile at a time reloads M's tile for every
+  // row), and one partial tile: with a runtime width GCC vectorises a tile poorly (attention
+  // at head size 32 took 2.4-2.8x longer), so only the last has one.
+  const int whole = (n - j) / kTile;  // 0 to 3
+  if (whole == 3)
+    vec_mat_tiles<T, R, 3, false>(y, x, incx, M, ldm, k, alpha, beta, j, 3 * kTile);
+  else if (whole == 2)
+    vec_mat_tiles<T, R, 2, false>(y, x, incx, M, ldm, k, alpha, beta, j, 2 * kTile);
+  else if (whole == 1)
     vec_mat_tiles<T, R, 1, false>(y, x, incx, M, ldm, k, alpha, beta, j, kTile);
+  j += whole * kTile;
   if (j < n) vec_mat_tiles<T, R, 1, true>(y, x, incx, M, ldm, k, alpha, beta, j, n - j);
 }
 
 // f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): groups of
-// kRows, and one smaller last group, spread over the team's threads. Six, not four: with
-// five or more rows GCC 12 keeps the other operand's tile in registers; with four its
-// assembly loads the tile again for every FMA.
+// kRows, and one smaller last group, spread over the team's threads. Six, not four: on one
+// core four tiles of six rows ran at 205 GFLOP/s, of four rows at 145.
 constexpr int kRows = 6;
 
 template <class F>
@@ -167,13 +229,14 @@ KOKKOS_INLINE_FUNCTION void online_softmax_step(T* s, int nv, T& m, T& l, T* acc
   for (int d = 0; d < HS; ++d) acc[d] *= corr;
 }
 
-// One query row of a backward block: p (nk) [=] exp(p - lse) on its nv visible keys and 0
-// past them; ds (nk), holding dP = dO V^T, [=] scale p (dP - D).
+// One query row of a backward block: on its nv visible keys p [=] exp(p - lse) and ds,
+// holding dP = dO V^T, [=] scale p (dP - D); both 0 past them up to nk (p and dP were
+// computed only up to the row group's score columns).
 template <class T>
 KOKKOS_INLINE_FUNCTION void softmax_backward_row(T* p, T* ds, int nv, int nk, T lse, T D, T scale) {
   for (int c = 0; c < nv; ++c) p[c] = detail::exp_(p[c] - lse);
-  for (int c = nv; c < nk; ++c) p[c] = T(0);
-  for (int c = 0; c < nk; ++c) ds[c] = scale * p[c] * (ds[c] - D);
+  for (int c = 0; c < nv; ++c) ds[c] = scale * p[c] * (ds[c] - D);
+  for (int c = nv; c < nk; ++c) p[c] = ds[c] = T(0);
 }
 
 }  // namespace
@@ -251,7 +314,8 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
               kmax = nv[u] > kmax ? nv[u] : kmax;
             }
             if (kmax == 0) return;
-            vec_mat<T, R>(s, qr, 1, w + kt_off, nk, HS, nk, scale, T(0));
+            vec_mat<T, R>(s, qr, 1, w + kt_off, nk, HS, score_columns(kmax, nk, kTile), scale,
+                          T(0));
             for (int u = 0; u < R; ++u) {
               const int r = r0 + u;
               for (int c = nv[u]; c < kmax; ++c) s[u][c] = T(0);
@@ -361,6 +425,7 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
               const T* qr[R];
               const T* dor[R];
               const T* dsr[R];
+              int nv[R], kmax = 0;
               for (int u = 0; u < R; ++u) {
                 const int r = r0 + u;
                 p[u] = w + p_off + std::size_t(r) * nk;
@@ -369,22 +434,28 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
                 dqr[u] = dqp + std::size_t(r) * dq.ld;
                 qr[u] = qp + std::size_t(r) * q.ld;
                 dor[u] = doutp + std::size_t(r) * C;
+                nv[u] =
+                    lsep[r] == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
+                kmax = nv[u] > kmax ? nv[u] : kmax;
               }
-              vec_mat<T, R>(p, qr, 1, w + kt_off, nk, HS, nk, scale, T(0));
-              vec_mat<T, R>(ds, dor, 1, w + vt_off, nk, HS, nk, T(1), T(0));
-              for (int u = 0; u < R; ++u) {
-                const int r = r0 + u;
-                const T l = lsep[r];
-                const int nv =
-                    l == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-                softmax_backward_row(p[u], ds[u], nv, nk, l, w[d_off + r], scale);
+              const int ncols = score_columns(kmax, nk, kTile);
+              if (kmax > 0) {
+                vec_mat<T, R>(p, qr, 1, w + kt_off, nk, HS, ncols, scale, T(0));
+                vec_mat<T, R>(ds, dor, 1, w + vt_off, nk, HS, ncols, T(1), T(0));
               }
-              vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, nk, HS, T(1), T(1));
+              for (int u = 0; u < R; ++u)
+                softmax_backward_row(p[u], ds[u], nv[u], nk, lsep[r0 + u], w[d_off + r0 + u],
+                                     scale);
+              if (kmax > 0) vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, kmax, HS, T(1), T(1));
             });
             team.team_barrier();
             row_groups(team, nk, [&](auto cols, int c0) {
-              // dV_c += P[:, c]^T dO ; dK_c += dS[:, c]^T Q
+              // dV_c += P[:, c]^T dO ; dK_c += dS[:, c]^T Q, over the query rows from the first
+              // that sees key c0 (P and dS are 0 above it, causal)
               constexpr int R = decltype(cols)::value;
+              const int seen = causal ? c0 + k_pos_first - q_pos_first : 0;
+              const int r_first = seen < 0 ? 0 : seen;
+              if (r_first >= nq) return;
               T* dvc[R];
               T* dkc[R];
               const T* pc[R];
@@ -393,11 +464,13 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
                 const int c = c0 + u;
                 dvc[u] = dv.view.data() + dv.at(b, j0 + c, Tk) + head;
                 dkc[u] = dk.view.data() + dk.at(b, j0 + c, Tk) + head;
-                pc[u] = w + p_off + c;
-                dsc[u] = w + ds_off + c;
+                pc[u] = w + p_off + std::size_t(r_first) * nk + c;
+                dsc[u] = w + ds_off + std::size_t(r_first) * nk + c;
               }
-              vec_mat<T, R>(dvc, pc, nk, doutp, C, nq, HS, T(1), T(1));
-              vec_mat<T, R>(dkc, dsc, nk, qp, q.ld, nq, HS, T(1), T(1));
+              const int rows = nq - r_first;
+              vec_mat<T, R>(dvc, pc, nk, doutp + std::size_t(r_first) * C, C, rows, HS, T(1), T(1));
+              vec_mat<T, R>(dkc, dsc, nk, qp + std::size_t(r_first) * q.ld, q.ld, rows, HS, T(1),
+                            T(1));
             });
           }
         }
