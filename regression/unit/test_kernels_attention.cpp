@@ -163,6 +163,75 @@ TEST(KernelsAttention, BackwardMatchesFiniteDifferences) {
   check_backward_fd(blocks(5, 7));  // row groups of every size the kernel has (1 to 6)
 }
 
+// Naive causal backward of packed qkv (B, T, 3C) for upstream gradient dout (B, T, C), with
+// the whole probability matrix: dV = P^T dO, dS = P (dO V^T - rowsum(P dO V^T)), dQ = s dS K,
+// dK = s dS^T Q.
+HVec naive_backward_qkv(const HVec& qkv, const HVec& dout, int B, int T, int NH, int HS) {
+  const int C = NH * HS, ld = 3 * C;
+  const double scale = 1 / std::sqrt(double(HS));
+  HVec d(qkv.size(), 0.0);
+  auto at = [&](int b, int t, int part, int h, int c) {
+    return std::size_t(b * T + t) * ld + std::size_t(part) * C + std::size_t(h) * HS + c;
+  };
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i) {
+        std::vector<double> p(std::size_t(i) + 1), dp(std::size_t(i) + 1);
+        double m = kNegInf, sum = 0, pdp = 0;
+        for (int j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int c = 0; c < HS; ++c) s += qkv[at(b, i, 0, h, c)] * qkv[at(b, j, 1, h, c)];
+          p[j] = s * scale;
+          m = std::max(m, p[j]);
+        }
+        for (int j = 0; j <= i; ++j) sum += p[j] = std::exp(p[j] - m);
+        for (int j = 0; j <= i; ++j) {
+          p[j] /= sum;
+          dp[j] = 0;
+          for (int c = 0; c < HS; ++c)
+            dp[j] += dout[std::size_t(b * T + i) * C + h * HS + c] * qkv[at(b, j, 2, h, c)];
+          pdp += p[j] * dp[j];
+        }
+        for (int j = 0; j <= i; ++j) {
+          const double ds = p[j] * (dp[j] - pdp) * scale;
+          for (int c = 0; c < HS; ++c) {
+            d[at(b, j, 2, h, c)] += p[j] * dout[std::size_t(b * T + i) * C + h * HS + c];
+            d[at(b, i, 0, h, c)] += ds * qkv[at(b, j, 1, h, c)];
+            d[at(b, j, 1, h, c)] += ds * qkv[at(b, i, 0, h, c)];
+          }
+        }
+      }
+  return d;
+}
+
+// Head sizes of one to four whole 16-wide tiles, and blockings whose causal row groups
+// compute scores over one to four tiles and a partial one: forward and backward against
+// the naive ones.
+TEST(KernelsAttention, ModelSizedHeadsMatchNaiveForwardAndBackward) {
+  const int B = 2, Tn = 100, NH = 2;
+  for (int HS : {16, 32, 48, 64}) {
+    const int C = NH * HS;
+    const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * C, 40 + HS, -1, 1);
+    const HVec R = random_vec(std::size_t(B) * Tn * C, 41 + HS);
+    const Naive ref = naive_qkv(qkv, B, Tn, NH, HS, true);
+    const HVec dref = naive_backward_qkv(qkv, R, B, Tn, NH, HS);
+    for (const auto& cfg : {AttentionConfig{}, blocks(48, 40), blocks(37, 64)}) {
+      const Naive d = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
+      EXPECT_LT(rel_err(d.out, ref.out), 1e-13) << "HS " << HS << " blocks " << cfg.q_block;
+      auto dqkv = dev<double>(HVec(qkv.size(), 5.0));  // overwritten
+      attention_backward<double>(dqkv, dev<double>(R), dev<double>(d.out), dev<double>(d.lse),
+                                 dev<double>(qkv), B, Tn, NH, HS, cfg);
+      EXPECT_LT(rel_err(host(dqkv), dref), 1e-12) << "HS " << HS << " blocks " << cfg.q_block;
+      const Naive f = run_qkv<float>(qkv, B, Tn, NH, HS, cfg);
+      EXPECT_LT(rel_err(f.out, ref.out), 1e-6) << "HS " << HS << " blocks " << cfg.q_block;
+      auto dqkvf = dev<float>(HVec(qkv.size(), 5.0));
+      attention_backward<float>(dqkvf, dev<float>(R), dev<float>(f.out), dev<float>(f.lse),
+                                dev<float>(qkv), B, Tn, NH, HS, cfg);
+      EXPECT_LT(rel_err(host(dqkvf), dref), 1e-5) << "HS " << HS << " blocks " << cfg.q_block;
+    }
+  }
+}
+
 TEST(KernelsAttention, MergeOfKeyChunksEqualsFullAndChunkBackwardsSum) {
   const int B = 2, Tn = 7, NH = 2, HS = 3, C = NH * HS, half = 3;
   const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * C, 31, -2, 2);
