@@ -161,9 +161,9 @@ KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], in
   int j = 0;
   for (; j + 4 * kTile <= n; j += 4 * kTile)
     vec_mat_tiles<T, R, 4, false>(y, x, incx, M, ldm, k, alpha, beta, j, 4 * kTile);
-  // Then up to three whole tiles together (one tile at a time reloads M's tile for every
-  // row), and one partial tile: with a runtime width GCC vectorises a tile poorly (attention
-  // at head size 32 took 2.4-2.8x longer), so only the last has one.
+  // Then up to three whole tiles together (each element of x loaded then feeds them all),
+  // and one partial tile: with a runtime width GCC vectorises a tile poorly (attention at
+  // head size 32 took 2.4-2.8x longer), so only the last has one.
   const int whole = (n - j) / kTile;  // 0 to 3
   if (whole == 3)
     vec_mat_tiles<T, R, 3, false>(y, x, incx, M, ldm, k, alpha, beta, j, 3 * kTile);
