@@ -40,6 +40,24 @@ void check_config(const AttentionConfig& cfg, int B, int Tq, int Tk, int NH, int
                  " Tq=", Tq, " Tk=", Tk, " NH=", NH, " HS=", HS);
 }
 
+template <class T>
+void check_backward_args(const Heads<T>& dq, const Heads<T>& dk, const Heads<T>& dv,
+                         const CVec<T>& dout, const CVec<T>& out, const CVec<T>& lse,
+                         const CHeads<T>& q, const CHeads<T>& k, const CHeads<T>& v, int B, int Tq,
+                         int Tk, int NH, int HS, const AttentionConfig& cfg) {
+  check_config(cfg, B, Tq, Tk, NH, HS);
+  const int C = NH * HS;
+  check_heads("attention_backward q", q, B, Tq, C);
+  check_heads("attention_backward k", k, B, Tk, C);
+  check_heads("attention_backward v", v, B, Tk, C);
+  check_heads("attention_backward dq", dq, B, Tq, C);
+  check_heads("attention_backward dk", dk, B, Tk, C);
+  check_heads("attention_backward dv", dv, B, Tk, C);
+  require_len("attention_backward dout", dout.extent(0), std::size_t(B) * Tq * C);
+  require_len("attention_backward out", out.extent(0), std::size_t(B) * Tq * C);
+  require_len("attention_backward lse", lse.extent(0), std::size_t(B) * NH * Tq);
+}
+
 // Number of keys j0 + c (c < nk) query row qrow may see: all, or up to its position.
 KOKKOS_INLINE_FUNCTION int visible_keys(bool causal, int q_pos, int k_pos_first, int nk) {
   if (!causal) return nk;
@@ -239,6 +257,142 @@ KOKKOS_INLINE_FUNCTION void softmax_backward_row(T* p, T* ds, int nv, int nk, T 
   for (int c = nv; c < nk; ++c) p[c] = ds[c] = T(0);
 }
 
+// D (n) [=] rowsum(dO * O) over a block's n rows (both C apart, HS columns), by the team.
+template <class T>
+KOKKOS_INLINE_FUNCTION void rowsum_dout_out(const Member& m, T* D, const T* dout, const T* out,
+                                            int C, int n, int HS) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
+    D[r] = detail::row_dot(dout + std::size_t(r) * C, out + std::size_t(r) * C, HS);
+  });
+}
+
+// One (query block, key block) pair of the forward, as its row groups see it: the team's
+// scratch and the block's rows of Q and V (head columns). The group functions take blocks
+// by value: a local copy, which the block's float stores cannot alias (by reference,
+// attention ran about 10% slower).
+template <class T>
+struct ForwardBlock {
+  T* s;         // scores, then probabilities (nq, nk)
+  T* acc;       // output accumulator (nq, HS)
+  T* m;         // running max (nq)
+  T* l;         // running sum (nq)
+  const T* kt;  // K_blk^T (HS, nk)
+  const T* q;   // the query block's first row, rows q_ld apart
+  const T* v;   // the key block's first row of V, rows v_ld apart
+  int q_ld, v_ld, nk, HS, q_pos_first, k_pos_first;
+  bool causal;
+  T scale, neg_inf;
+};
+
+// Forward rows r0 .. r0 + R - 1 of a block: s = scale q_r K_blk^T; online softmax over the
+// visible keys; acc_r += p V_blk. Rows see different numbers of keys (causal): a row's p is 0
+// past its own. Forced inline: called out of line, the forward ran about 7% slower.
+template <class T, int R>
+KOKKOS_FORCEINLINE_FUNCTION void forward_rows(const ForwardBlock<T> f, int r0) {
+  T* s[R];
+  const T* qr[R];
+  const T* pr[R];
+  T* acc[R];
+  int nv[R], kmax = 0;
+  for (int u = 0; u < R; ++u) {
+    const int r = r0 + u;
+    s[u] = f.s + std::size_t(r) * f.nk;
+    pr[u] = s[u];
+    qr[u] = f.q + std::size_t(r) * f.q_ld;
+    acc[u] = f.acc + std::size_t(r) * f.HS;
+    nv[u] = visible_keys(f.causal, f.q_pos_first + r, f.k_pos_first, f.nk);
+    kmax = nv[u] > kmax ? nv[u] : kmax;
+  }
+  if (kmax == 0) return;
+  vec_mat<T, R>(s, qr, 1, f.kt, f.nk, f.HS, score_columns(kmax, f.nk, kTile), f.scale, T(0));
+  for (int u = 0; u < R; ++u) {
+    const int r = r0 + u;
+    for (int c = nv[u]; c < kmax; ++c) s[u][c] = T(0);
+    if (nv[u] > 0) online_softmax_step(s[u], nv[u], f.m[r], f.l[r], acc[u], f.HS, f.neg_inf);
+  }
+  vec_mat<T, R>(acc, pr, 1, f.v, f.v_ld, kmax, f.HS, T(1), T(1));
+}
+
+// One (key block, query block) pair of the backward, as its row and column groups see it:
+// the team's scratch, and the first rows of the blocks in Q, dQ, dO and lse (query block)
+// and in K, dK, dV (key block), head columns.
+template <class T>
+struct BackwardBlock {
+  T* p;         // P (nq, nk)
+  T* ds;        // dP, then dS (nq, nk)
+  const T* D;   // rowsum(dO * O) (nq)
+  const T* kt;  // K_blk^T (HS, nk)
+  const T* vt;  // V_blk^T (HS, nk)
+  const T* q;
+  T* dq;
+  const T* dout;
+  const T* lse;
+  const T* k;
+  T* dk;
+  T* dv;
+  int q_ld, dq_ld, C, k_ld, dk_ld, dv_ld;  // row strides; dO's is C
+  int nq, nk, HS, q_pos_first, k_pos_first;
+  bool causal;
+  T scale, neg_inf;
+};
+
+// Backward query rows r0 .. r0 + R - 1 of a block: p = exp(scale q_r K^T - lse_r), masked
+// entries 0; dp = dO_r V^T; ds = scale p (dp - D_r) (S was scale Q K^T); dQ_r += ds K_blk.
+template <class T, int R>
+KOKKOS_INLINE_FUNCTION void backward_query_rows(const BackwardBlock<T> f, int r0) {
+  T* p[R];
+  T* ds[R];
+  T* dqr[R];
+  const T* qr[R];
+  const T* dor[R];
+  const T* dsr[R];
+  int nv[R], kmax = 0;
+  for (int u = 0; u < R; ++u) {
+    const int r = r0 + u;
+    p[u] = f.p + std::size_t(r) * f.nk;
+    ds[u] = f.ds + std::size_t(r) * f.nk;
+    dsr[u] = ds[u];
+    dqr[u] = f.dq + std::size_t(r) * f.dq_ld;
+    qr[u] = f.q + std::size_t(r) * f.q_ld;
+    dor[u] = f.dout + std::size_t(r) * f.C;
+    nv[u] =
+        f.lse[r] == f.neg_inf ? 0 : visible_keys(f.causal, f.q_pos_first + r, f.k_pos_first, f.nk);
+    kmax = nv[u] > kmax ? nv[u] : kmax;
+  }
+  const int ncols = score_columns(kmax, f.nk, kTile);
+  if (kmax > 0) {
+    vec_mat<T, R>(p, qr, 1, f.kt, f.nk, f.HS, ncols, f.scale, T(0));
+    vec_mat<T, R>(ds, dor, 1, f.vt, f.nk, f.HS, ncols, T(1), T(0));
+  }
+  for (int u = 0; u < R; ++u)
+    softmax_backward_row(p[u], ds[u], nv[u], f.nk, f.lse[r0 + u], f.D[r0 + u], f.scale);
+  if (kmax > 0) vec_mat<T, R>(dqr, dsr, 1, f.k, f.k_ld, kmax, f.HS, T(1), T(1));
+}
+
+// Backward keys c0 .. c0 + R - 1 of a block: dV_c += P[:, c]^T dO; dK_c += dS[:, c]^T Q,
+// over the query rows from the first that sees key c0 (P and dS are 0 above it, causal).
+template <class T, int R>
+KOKKOS_INLINE_FUNCTION void backward_key_columns(const BackwardBlock<T> f, int c0) {
+  const int seen = f.causal ? c0 + f.k_pos_first - f.q_pos_first : 0;
+  const int r_first = seen < 0 ? 0 : seen;
+  if (r_first >= f.nq) return;
+  T* dvc[R];
+  T* dkc[R];
+  const T* pc[R];
+  const T* dsc[R];
+  for (int u = 0; u < R; ++u) {
+    const int c = c0 + u;
+    dvc[u] = f.dv + std::size_t(c) * f.dv_ld;
+    dkc[u] = f.dk + std::size_t(c) * f.dk_ld;
+    pc[u] = f.p + std::size_t(r_first) * f.nk + c;
+    dsc[u] = f.ds + std::size_t(r_first) * f.nk + c;
+  }
+  const int rows = f.nq - r_first;
+  vec_mat<T, R>(dvc, pc, f.nk, f.dout + std::size_t(r_first) * f.C, f.C, rows, f.HS, T(1), T(1));
+  vec_mat<T, R>(dkc, dsc, f.nk, f.q + std::size_t(r_first) * f.q_ld, f.q_ld, rows, f.HS, T(1),
+                T(1));
+}
+
 }  // namespace
 
 std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg) {
@@ -295,35 +449,11 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
           team.team_barrier();
           pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
           team.team_barrier();
-          row_groups(team, nq, [&](auto rows, int r0) {
-            // s = scale q_r K_blk^T; online softmax over the visible keys; acc_r += p V_blk.
-            // Rows see different numbers of keys (causal): a row's p is 0 past its own.
-            constexpr int R = decltype(rows)::value;
-            T* s[R];
-            const T* qr[R];
-            const T* pr[R];
-            T* acc[R];
-            int nv[R], kmax = 0;
-            for (int u = 0; u < R; ++u) {
-              const int r = r0 + u;
-              s[u] = w + s_off + std::size_t(r) * nk;
-              pr[u] = s[u];
-              qr[u] = qp + std::size_t(r) * q.ld;
-              acc[u] = w + acc_off + std::size_t(r) * HS;
-              nv[u] = visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-              kmax = nv[u] > kmax ? nv[u] : kmax;
-            }
-            if (kmax == 0) return;
-            vec_mat<T, R>(s, qr, 1, w + kt_off, nk, HS, score_columns(kmax, nk, kTile), scale,
-                          T(0));
-            for (int u = 0; u < R; ++u) {
-              const int r = r0 + u;
-              for (int c = nv[u]; c < kmax; ++c) s[u][c] = T(0);
-              if (nv[u] > 0)
-                online_softmax_step(s[u], nv[u], w[m_off + r], w[l_off + r], acc[u], HS, neg_inf);
-            }
-            vec_mat<T, R>(acc, pr, 1, vp, v.ld, kmax, HS, T(1), T(1));
-          });
+          const ForwardBlock<T> blk{
+              w + s_off, w + acc_off, w + m_off, w + l_off,   w + kt_off,  qp,     vp,    q.ld,
+              v.ld,      nk,          HS,        q_pos_first, k_pos_first, causal, scale, neg_inf};
+          row_groups(team, nq,
+                     [&](auto rows, int r0) { forward_rows<T, decltype(rows)::value>(blk, r0); });
         }
         T* const outp = out.data() + (std::size_t(b) * Tq + i0) * C + std::size_t(h) * HS;
         T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
@@ -350,17 +480,8 @@ template <class T>
 void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVec<T> out,
                         CVec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq, int Tk,
                         int NH, int HS, const AttentionConfig& cfg, bool accumulate) {
-  check_config(cfg, B, Tq, Tk, NH, HS);
+  check_backward_args(dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, NH, HS, cfg);
   const int C = NH * HS;
-  check_heads("attention_backward q", q, B, Tq, C);
-  check_heads("attention_backward k", k, B, Tk, C);
-  check_heads("attention_backward v", v, B, Tk, C);
-  check_heads("attention_backward dq", dq, B, Tq, C);
-  check_heads("attention_backward dk", dk, B, Tk, C);
-  check_heads("attention_backward dv", dv, B, Tk, C);
-  require_len("attention_backward dout", dout.extent(0), std::size_t(B) * Tq * C);
-  require_len("attention_backward out", out.extent(0), std::size_t(B) * Tq * C);
-  require_len("attention_backward lse", lse.extent(0), std::size_t(B) * NH * Tq);
   if (B == 0) return;
 
   const int bq = block_rows(cfg.q_block, Tq);
@@ -395,6 +516,8 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
           const int k_pos_first = k_pos0 + j0;
           const T* const kp = k.view.data() + k.at(b, j0, Tk) + head;
           const T* const vp = v.view.data() + v.at(b, j0, Tk) + head;
+          T* const dkp = dk.view.data() + dk.at(b, j0, Tk) + head;
+          T* const dvp = dv.view.data() + dv.at(b, j0, Tk) + head;
           team.team_barrier();
           pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
           pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
@@ -410,67 +533,19 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
             team.team_barrier();
             // D again for each key block: a (bq, HS) pass, against scratch that stays a few
             // blocks whatever the sequence length.
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-              w[d_off + r] =
-                  detail::row_dot(doutp + std::size_t(r) * C, outp + std::size_t(r) * C, HS);
-            });
+            rowsum_dout_out(team, w + d_off, doutp, outp, C, nq, HS);
             team.team_barrier();
+            const BackwardBlock<T> blk{
+                w + p_off,   w + ds_off,  w + d_off, w + kt_off, w + vt_off, qp,   dqp,
+                doutp,       lsep,        kp,        dkp,        dvp,        q.ld, dq.ld,
+                C,           k.ld,        dk.ld,     dv.ld,      nq,         nk,   HS,
+                q_pos_first, k_pos_first, causal,    scale,      neg_inf};
             row_groups(team, nq, [&](auto rows, int r0) {
-              // p = exp(scale q_r K^T - lse_r), masked entries 0; dp = dO_r V^T;
-              // ds = scale p (dp - D_r) (S was scale Q K^T); dQ_r += ds K_blk
-              constexpr int R = decltype(rows)::value;
-              T* p[R];
-              T* ds[R];
-              T* dqr[R];
-              const T* qr[R];
-              const T* dor[R];
-              const T* dsr[R];
-              int nv[R], kmax = 0;
-              for (int u = 0; u < R; ++u) {
-                const int r = r0 + u;
-                p[u] = w + p_off + std::size_t(r) * nk;
-                ds[u] = w + ds_off + std::size_t(r) * nk;
-                dsr[u] = ds[u];
-                dqr[u] = dqp + std::size_t(r) * dq.ld;
-                qr[u] = qp + std::size_t(r) * q.ld;
-                dor[u] = doutp + std::size_t(r) * C;
-                nv[u] =
-                    lsep[r] == neg_inf ? 0 : visible_keys(causal, q_pos_first + r, k_pos_first, nk);
-                kmax = nv[u] > kmax ? nv[u] : kmax;
-              }
-              const int ncols = score_columns(kmax, nk, kTile);
-              if (kmax > 0) {
-                vec_mat<T, R>(p, qr, 1, w + kt_off, nk, HS, ncols, scale, T(0));
-                vec_mat<T, R>(ds, dor, 1, w + vt_off, nk, HS, ncols, T(1), T(0));
-              }
-              for (int u = 0; u < R; ++u)
-                softmax_backward_row(p[u], ds[u], nv[u], nk, lsep[r0 + u], w[d_off + r0 + u],
-                                     scale);
-              if (kmax > 0) vec_mat<T, R>(dqr, dsr, 1, kp, k.ld, kmax, HS, T(1), T(1));
+              backward_query_rows<T, decltype(rows)::value>(blk, r0);
             });
             team.team_barrier();
             row_groups(team, nk, [&](auto cols, int c0) {
-              // dV_c += P[:, c]^T dO ; dK_c += dS[:, c]^T Q, over the query rows from the first
-              // that sees key c0 (P and dS are 0 above it, causal)
-              constexpr int R = decltype(cols)::value;
-              const int seen = causal ? c0 + k_pos_first - q_pos_first : 0;
-              const int r_first = seen < 0 ? 0 : seen;
-              if (r_first >= nq) return;
-              T* dvc[R];
-              T* dkc[R];
-              const T* pc[R];
-              const T* dsc[R];
-              for (int u = 0; u < R; ++u) {
-                const int c = c0 + u;
-                dvc[u] = dv.view.data() + dv.at(b, j0 + c, Tk) + head;
-                dkc[u] = dk.view.data() + dk.at(b, j0 + c, Tk) + head;
-                pc[u] = w + p_off + std::size_t(r_first) * nk + c;
-                dsc[u] = w + ds_off + std::size_t(r_first) * nk + c;
-              }
-              const int rows = nq - r_first;
-              vec_mat<T, R>(dvc, pc, nk, doutp + std::size_t(r_first) * C, C, rows, HS, T(1), T(1));
-              vec_mat<T, R>(dkc, dsc, nk, qp + std::size_t(r_first) * q.ld, q.ld, rows, HS, T(1),
-                            T(1));
+              backward_key_columns<T, decltype(cols)::value>(blk, c0);
             });
           }
         }
