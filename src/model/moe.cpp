@@ -91,31 +91,27 @@ TokenOrder token_order(const Ctx& c, const std::vector<int>& expert, int k) {
   return o;
 }
 
-}  // namespace
-
-// Routing on the host: top-k and gates, capacity in token order, the aux loss, the send order.
-template <class T>
-void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Vec<T> partial,
-                     K::Vec<T> y) const {
-  const int BT = int(c.BT), ep_size = ep ? ep->size() : 1;
-  c.tp->gather_rows(x);
-  profile::region("moe-router", [&] {
-    K::matmul_forward<T>(a.logits, x, router, K::Vec<T>(), BT, C, E);
-    K::softmax_rows_forward<T>(a.probs, a.logits, BT, E);
-  });
-  const std::vector<double> p = to_host(a.probs, std::int64_t(BT) * E);
-  std::vector<double> gates(std::size_t(BT) * k), send_gates;
-  r.expert.assign(std::size_t(BT) * k, 0);
+// Each token's k experts (r.expert, (BT, k), in gate order) from its router probabilities
+// p (BT, E); returns their gates, renormalised over the k.
+std::vector<double> choose_experts(const std::vector<double>& p, int BT, int E, int k,
+                                   std::vector<int>& expert) {
+  std::vector<double> gates(std::size_t(BT) * k);
+  expert.assign(std::size_t(BT) * k, 0);
   for (int t = 0; t < BT; ++t) {
     const double* pt = p.data() + std::size_t(t) * E;
-    int* chosen = r.expert.data() + std::size_t(t) * k;
+    int* chosen = expert.data() + std::size_t(t) * k;
     top_k(pt, E, k, chosen);
     double s = 0;
     for (int j = 0; j < k; ++j) s += pt[chosen[j]];
     for (int j = 0; j < k; ++j) gates[std::size_t(t) * k + j] = pt[chosen[j]] / s;
   }
+  return gates;
+}
 
-  // Capacity over the micro-batch's N tokens, filled in token order; f_e over all choices.
+// Capacity over the micro-batch's N tokens, filled in token order: returns which of this
+// rank's (BT, k) choices are kept, and sets r.f (over all choices) and the aux loss r.aux.
+std::vector<char> keep_within_capacity(const Ctx& c, const std::vector<double>& p, int BT, int E,
+                                       int k, double capacity_factor, double aux_coef, Routing& r) {
   const TokenOrder order = token_order(c, r.expert, k);
   const double N = double(order.mine.size());
   const std::int64_t cap = capacity_factor > 0
@@ -140,8 +136,14 @@ void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Ve
   r.aux = 0;
   for (int e = 0; e < E; ++e) r.aux += r.f[std::size_t(e)] * P[std::size_t(e)] / N;
   r.aux *= aux_coef * E;
+  return kept;
+}
 
-  // Send order: expert by expert (so destination rank by rank), each in token order.
+// Send order: expert by expert (so destination rank by rank), each in token order. Sets
+// r's rows, send tokens, counts, loads and drops; returns the gate of each send row.
+std::vector<double> send_order(const std::vector<char>& kept, const std::vector<double>& gates,
+                               int BT, int E, int k, Routing& r) {
+  std::vector<double> send_gates;
   r.row.assign(std::size_t(BT) * k, -1);
   r.send_token.clear();
   r.send_counts.assign(std::size_t(E), 0);
@@ -163,6 +165,25 @@ void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Ve
         ++r.send_counts[std::size_t(e)];
         ++r.load[std::size_t(e)];
       }
+  return send_gates;
+}
+
+}  // namespace
+
+// Routing on the host: top-k and gates, capacity in token order, the aux loss, the send order.
+template <class T>
+void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Vec<T> partial,
+                     K::Vec<T> y) const {
+  const int BT = int(c.BT), ep_size = ep ? ep->size() : 1;
+  c.tp->gather_rows(x);
+  profile::region("moe-router", [&] {
+    K::matmul_forward<T>(a.logits, x, router, K::Vec<T>(), BT, C, E);
+    K::softmax_rows_forward<T>(a.probs, a.logits, BT, E);
+  });
+  const std::vector<double> p = to_host(a.probs, std::int64_t(BT) * E);
+  const std::vector<double> gates = choose_experts(p, BT, E, k, r.expert);
+  const std::vector<char> kept = keep_within_capacity(c, p, BT, E, k, capacity_factor, aux_coef, r);
+  const std::vector<double> send_gates = send_order(kept, gates, BT, E, k, r);
   to_device(a.gates, gates);
   to_device(a.send_gates, send_gates);
   to_device(r.rows_dev, r.row);
