@@ -1,7 +1,6 @@
 #include "comm/comm.hpp"
 
 #include <climits>
-#include <cstdlib>
 #include <deque>
 
 #include "comm/watchdog.hpp"
