@@ -1,6 +1,11 @@
 // ptrain-test: np=1 labels=quick timeout=60
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
 #include "util/error.hpp"
 #include "util/memory.hpp"
 
@@ -30,6 +35,57 @@ TEST(Util, TrackedViewCountsBytesAndPeak) {
   }
   EXPECT_EQ(memory::stats().current[int(MemCategory::grads)], base);
   EXPECT_EQ(memory::stats().peak[int(MemCategory::grads)], base + 800);
+}
+
+// The "[x]" choice of /sys/kernel/mm/transparent_hugepage/enabled ("" where there is none).
+std::string transparent_huge_pages_setting() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(in, line);
+  const auto open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close == std::string::npos
+             ? std::string()
+             : line.substr(open + 1, close - open - 1);
+}
+
+// /proc/self/smaps' THPeligible for the mapping holding p: 1 where the kernel may back it
+// with huge pages (for a "madvise" setting, only after madvise), -1 where it is not listed.
+int huge_pages_eligible(const void* p) {
+  std::ifstream in("/proc/self/smaps");
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2)
+      inside = lo <= a && a < hi;
+    else if (inside && line.rfind("THPeligible:", 0) == 0)
+      return std::stoi(line.substr(12));
+  }
+  return -1;
+}
+
+TEST(Util, LargeTrackedViewStartsOnAHugePageZeroedAndCountsItsOwnBytes) {
+  const std::size_t n = 3 * memory::kHugePage / sizeof(float) + 7;
+  const auto base = memory::stats().current[int(MemCategory::activations)];
+  Kokkos::View<float*> copy;
+  {
+    TrackedView<float> big(MemCategory::activations, "big", n);
+    EXPECT_EQ(memory::stats().current[int(MemCategory::activations)], base + n * sizeof(float));
+    ASSERT_EQ(big.size(), n);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.data()) % memory::kHugePage, 0u);
+    std::size_t nonzero = 0;
+    for (std::size_t i = 0; i < n; ++i) nonzero += big[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0u);
+    const std::string thp = transparent_huge_pages_setting();
+    if (thp == "always" || thp == "madvise") {
+      EXPECT_EQ(huge_pages_eligible(big.data()), 1) << "transparent huge pages: " << thp;
+    }
+    copy = big.view();
+  }
+  // The copy shares the allocation, which outlives the TrackedView that made it.
+  EXPECT_EQ(memory::stats().current[int(MemCategory::activations)], base);
+  copy(n - 1) = 2.5f;
+  EXPECT_EQ(copy(n - 1), 2.5f);
 }
 
 TEST(Util, FormatBytes) {

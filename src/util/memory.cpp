@@ -1,5 +1,6 @@
 #include "util/memory.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -62,6 +63,15 @@ void allocation_failed(MemCategory c, const std::string& label, std::size_t byte
           to_string(c), " ('", label, "') with ", format_bytes(double(g_stats.total_current)),
           " already tracked here", held.empty() ? "" : " (" + held + ")",
           "; ptrain --plan with --memory predicts each category and what to change (", words, ")"));
+}
+
+void advise_huge_pages(void* p, std::size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  // Advice only: EINVAL where the kernel has no transparent huge pages is not an error.
+  (void)madvise(p, bytes, MADV_HUGEPAGE);
+#else
+  (void)p, (void)bytes;
+#endif
 }
 }  // namespace memory
 
