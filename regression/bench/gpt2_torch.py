@@ -8,7 +8,9 @@ Prints the mean step time over the steps after the first.
 
 RESOLVED_DECK is the deck.nml ptrain writes into its out_dir, so both programs train the
 same shapes. Threads come from the environment: run it with OMP_NUM_THREADS=2
-OMP_WAIT_POLICY=PASSIVE (the best setting found on a 2-core machine).
+OMP_WAIT_POLICY=PASSIVE (the best setting found on a 2-core machine), and on a machine
+whose transparent huge pages are "madvise" also with GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+(about twice as fast here: PyTorch 1.13 has no huge-page switch of its own).
 """
 import math
 import os

@@ -4,7 +4,10 @@
 # against the 2-thread sgemm peak ptrain's --bench probe measures in the same run before the
 # steps (and, for comparison, against its probe after them), and
 # against PyTorch (regression/bench/gpt2_torch.py on the same resolved deck) at its best
-# setting here, OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE. ptrain runs as the job scripts
+# setting here: OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE, run without and with transparent
+# huge pages (PyTorch 1.13 has no switch of its own; glibc's GLIBC_TUNABLES=
+# glibc.malloc.hugetlb=1 gives its allocations huge pages, as ptrain's allocator does for its
+# own buffers), the faster of the two each round being the baseline. ptrain runs as the job scripts
 # start it (OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=PASSIVE: idle BLAS and OpenMP threads
 # sleep instead of spinning on the cores the other side works on), then with OpenMP's
 # default wait policy, then with neither. Prints s/step, the share of the sgemm peak, the
@@ -60,22 +63,32 @@ row() {  # row ROUND LABEL SECONDS SHARE OPT PEAK AFTER_SHARE TORCH_SECONDS
   printf '%-6s %-36s %9.3f %7.1f%% of %-5.0f %11.1f%% %9.1f%% %12.2f\n' "$1" "$2" "$3" "$4" "$6" \
     "$7" "$5" "$(awk -v a="$8" -v b="$3" 'BEGIN { print a / b }')"
 }
-declare -a r_job r_share r_after r_opt r_ratio r_act r_spin r_torch
+# torch_run ROUND [ENV...]: gpt2_torch.py on the job run's resolved deck, 2 threads, OMP
+# PASSIVE, plus ENV; prints its s/step.
+torch_run() {
+  local round=$1 out; shift
+  out=$("${native[@]}" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE "$@" /usr/bin/python3 \
+    "$here/regression/bench/gpt2_torch.py" "$tmp/job/deck.nml" "$steps") ||
+    { echo "threads.sh: gpt2_torch.py failed: $out" >&2; exit 1; }
+  [ "$round" = 1 ] && [ $# = 0 ] && echo "$out" | head -1 >&2
+  sed -n 's/^torch: \([0-9.]*\) s\/step.*/\1/p' <<<"$out"
+}
+declare -a r_job r_share r_after r_opt r_ratio r_act r_spin r_torch r_torch_4k r_torch_thp
 for ((k = 1; k <= rounds; k++)); do
   read -r t_job share_job opt_job peak_job after_job < <(ptrain_run job OPENBLAS_THREAD_TIMEOUT=4 OMP_WAIT_POLICY=PASSIVE)
   read -r t_act share_act opt_act peak_act after_act < <(ptrain_run active -u OMP_WAIT_POLICY OPENBLAS_THREAD_TIMEOUT=4)
   read -r t_spin share_spin opt_spin peak_spin after_spin < <(ptrain_run spin -u OMP_WAIT_POLICY -u OPENBLAS_THREAD_TIMEOUT)
-  torch_out=$("${native[@]}" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 \
-    "$here/regression/bench/gpt2_torch.py" "$tmp/job/deck.nml" "$steps") ||
-    { echo "threads.sh: gpt2_torch.py failed: $torch_out" >&2; exit 1; }
-  [ "$k" = 1 ] && echo "$torch_out" | head -1 >&2
-  t_torch=$(sed -n 's/^torch: \([0-9.]*\) s\/step.*/\1/p' <<<"$torch_out")
+  t_torch_4k=$(torch_run "$k")
+  t_torch_thp=$(torch_run "$k" GLIBC_TUNABLES=glibc.malloc.hugetlb=1)
+  t_torch=$(awk -v a="$t_torch_4k" -v b="$t_torch_thp" 'BEGIN { print a < b ? a : b }')
   row "$k" "ptrain, 2 threads (job scripts)" "$t_job" "$share_job" "$opt_job" "$peak_job" "$after_job" "$t_torch"
   row "$k" "  OpenMP threads spin" "$t_act" "$share_act" "$opt_act" "$peak_act" "$after_act" "$t_torch"
   row "$k" "  OpenMP and BLAS threads spin" "$t_spin" "$share_spin" "$opt_spin" "$peak_spin" "$after_spin" "$t_torch"
-  printf '%-6s %-36s %9.3f\n' "$k" "PyTorch, 2 threads, OMP PASSIVE" "$t_torch"
+  printf '%-6s %-36s %9.3f\n' "$k" "PyTorch, 2 threads, OMP PASSIVE" "$t_torch_4k"
+  printf '%-6s %-36s %9.3f\n' "$k" "  and huge pages (glibc tunable)" "$t_torch_thp"
   r_job+=("$t_job"); r_share+=("$share_job"); r_after+=("$after_job"); r_opt+=("$opt_job"); r_act+=("$t_act")
   r_spin+=("$t_spin"); r_torch+=("$t_torch")
+  r_torch_4k+=("$t_torch_4k"); r_torch_thp+=("$t_torch_thp")
   r_ratio+=("$(awk -v a="$t_torch" -v b="$t_job" 'BEGIN { print a / b }')")
 done
 # stat FORMAT VALUES...: "median [min max]" in FORMAT (the lower median for an even count)
@@ -89,6 +102,8 @@ echo "  s/step $(stat %.3f "${r_job[@]}"); of the sgemm peak $(stat %.1f%% "${r_
      "(of the probe after the steps $(stat %.1f%% "${r_after[@]}"));" \
      "optimizer $(stat %.1f%% "${r_opt[@]}"); PyTorch/ptrain $(stat %.2f "${r_ratio[@]}")"
 echo "  s/step with OpenMP threads spinning $(stat %.3f "${r_act[@]}"), with both spinning" \
-     "$(stat %.3f "${r_spin[@]}"); PyTorch s/step $(stat %.3f "${r_torch[@]}")"
+     "$(stat %.3f "${r_spin[@]}")"
+echo "  PyTorch s/step $(stat %.3f "${r_torch_4k[@]}"), with huge pages" \
+     "$(stat %.3f "${r_torch_thp[@]}"), the faster each round $(stat %.3f "${r_torch[@]}")"
 echo "(sgemm peak: GFLOP/s of ptrain's 2-thread probe before the steps; target: >= 90% of it," \
      "optimizer < 4% of the step, >= 3x PyTorch)"
