@@ -162,7 +162,7 @@ TEST(KernelsGelu, BackwardMatchesFiniteDifferencesAndOverwrites) {
 
 // ---- linear layer --------------------------------------------------------------------------
 
-void check_matmul(bool with_bias) {
+void check_matmul(bool with_bias, bool accumulate_dinp) {
   const int N = 5, C = 4, OC = 3;
   const HVec inp = random_vec(N * C, 10), W = random_vec(OC * C, 11), bias = random_vec(OC, 12);
   const HVec R = random_vec(N * OC, 13);
@@ -182,12 +182,13 @@ void check_matmul(bool with_bias) {
       expect[n * OC + o] = s;
     }
   EXPECT_LT(rel_err(out, expect), 1e-15);
-  // backward vs finite differences; gradients start nonzero to check they accumulate
+  // backward vs finite differences; gradients start nonzero to check that dweight and dbias
+  // accumulate, and dinp too with accumulate_dinp (else it is overwritten)
   const HVec di0 = random_vec(N * C, 14), dw0 = random_vec(OC * C, 15), db0 = random_vec(OC, 16);
   auto di = dev<double>(di0), dw = dev<double>(dw0), db = dev<double>(db0);
   matmul_backward<double>(di, dw, with_bias ? db : Kokkos::View<double*>(), dev<double>(R),
-                          dev<double>(inp), dev<double>(W), N, C, OC);
-  EXPECT_LT(rel_err(minus(host(di), di0),
+                          dev<double>(inp), dev<double>(W), N, C, OC, accumulate_dinp);
+  EXPECT_LT(rel_err(accumulate_dinp ? minus(host(di), di0) : host(di),
                     fd_grad(inp, [&](const HVec& x) { return dot(forward(x, W, bias), R); })),
             kFdTol);
   EXPECT_LT(rel_err(minus(host(dw), dw0),
@@ -202,9 +203,11 @@ void check_matmul(bool with_bias) {
   }
 }
 
-TEST(KernelsMatmul, BackwardMatchesFiniteDifferences) {
-  check_matmul(true);
-  check_matmul(false);
+TEST(KernelsMatmul, BackwardMatchesFiniteDifferencesAndOverwritesOrAddsToDinp) {
+  for (bool accumulate_dinp : {false, true}) {
+    check_matmul(true, accumulate_dinp);
+    check_matmul(false, accumulate_dinp);
+  }
 }
 
 TEST(KernelsMatmul, BiasGradientOverManyColumnsAndRows) {

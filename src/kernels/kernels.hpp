@@ -51,11 +51,12 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n);
 // out: (N, OC) [=] inp (N, C) @ weight (OC, C)^T + bias (OC). An empty bias means none.
 template <class T>
 void matmul_forward(Vec<T> out, CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C, int OC);
-// dinp: (N, C) [+=] dout (N, OC) @ weight (OC, C);  dweight: (OC, C) [+=] dout^T @ inp;
-// dbias: (OC) [+=] column sums of dout. An empty dinp or dbias is skipped.
+// dinp: (N, C) [=] dout (N, OC) @ weight (OC, C), or [+=] with accumulate_dinp;
+// dweight: (OC, C) [+=] dout^T @ inp;  dbias: (OC) [+=] column sums of dout. An empty dinp or
+// dbias is skipped.
 template <class T>
 void matmul_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
-                     CVec<T> weight, int N, int C, int OC);
+                     CVec<T> weight, int N, int C, int OC, bool accumulate_dinp = false);
 
 // ---- embeddings -----------------------------------------------------------------------
 // The token table may be a vocab shard: wte holds rows [v_begin, v_begin + v_local) of

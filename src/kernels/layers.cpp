@@ -74,9 +74,10 @@ void matmul_forward(Vec<T> out, CVec<T> inp, CVec<T> weight, CVec<T> bias, int N
 
 template <class T>
 void matmul_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
-                     CVec<T> weight, int N, int C, int OC) {
-  if (dinp.extent(0) > 0)  // dinp (N, C) += dout (N, OC) @ W (OC, C)
-    gemm<T>(false, false, N, C, OC, T(1), dout, 0, OC, weight, 0, C, T(1), dinp, 0, C);
+                     CVec<T> weight, int N, int C, int OC, bool accumulate_dinp) {
+  if (dinp.extent(0) > 0)  // dinp (N, C) [+]= dout (N, OC) @ W (OC, C)
+    gemm<T>(false, false, N, C, OC, T(1), dout, 0, OC, weight, 0, C, T(accumulate_dinp ? 1 : 0),
+            dinp, 0, C);
   // dW (OC, C) += dout^T (OC, N) @ inp (N, C)
   gemm<T>(true, false, OC, C, N, T(1), dout, 0, OC, inp, 0, C, T(1), dweight, 0, C);
   if (dbias.extent(0) > 0) {
@@ -220,7 +221,7 @@ void layernorm_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout,
 #define PTRAIN_INSTANTIATE(T)                                                                      \
   template void matmul_forward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int, int);               \
   template void matmul_backward<T>(Vec<T>, Vec<T>, Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int,    \
-                                   int);                                                           \
+                                   int, bool);                                                     \
   template void encoder_forward<T>(Vec<T>, IntVec, IntVec, CVec<T>, CVec<T>, int, int, int, int,   \
                                    int);                                                           \
   template void encoder_backward<T>(Vec<T>, Vec<T>, CVec<T>, IntVec, IntVec, int, int, int, int,   \

@@ -108,7 +108,6 @@ void ColumnParallelLinear<T>::forward(const Ctx& c, Vec<T> x, Vec<T> y) const {
 template <class T>
 Vec<T> ColumnParallelLinear<T>::backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<T> dx,
                                          Vec<T> rows) const {
-  profile::region("zero-fill", [&] { K::fill(dx, T(0)); });
   profile::region("matmul",
                   [&] { K::matmul_backward<T>(dx, dw, db, dy, x, w, int(c.BT), in, out); });
   const Vec<T> mine = c.tp->sp() ? rows : dx;
@@ -128,7 +127,6 @@ template <class T>
 void RowParallelLinear<T>::backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full,
                                     Vec<T> dx) const {
   const Vec<T> d = all_rows(c, dy, full, out);
-  profile::region("zero-fill", [&] { K::fill(dx, T(0)); });
   profile::region("matmul",
                   [&] { K::matmul_backward<T>(dx, dw, db, d, x, w, int(c.BT), in, out); });
 }

@@ -246,10 +246,6 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
   for_each_segment(r, [&](int l, std::int64_t at, int n) {
     const auto rowsC = [&](const K::Vec<T>& v) { return slice(v, at * C, std::int64_t(n) * C); };
     const auto rowsF = [&](const K::Vec<T>& v) { return slice(v, at * Fl, std::int64_t(n) * Fl); };
-    profile::region("zero-fill", [&] {
-      K::fill(rowsF(g.dh), T(0));
-      K::fill(rowsC(g.dxr), T(0));
-    });
     profile::region("matmul", [&] {
       K::matmul_backward<T>(rowsF(g.dh), slice(dproj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl),
                             slice(dproj_b, std::int64_t(l) * C, C), rowsC(g.dyr), rowsF(a.fch_gelu),
@@ -291,7 +287,7 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
     // Every tp rank computes the same router gradient; d(x) through the router is added
     // once, by tp rank 0, before the experts' partial sums are reduced.
     K::matmul_backward<T>(c.tp->rank() == 0 ? dx : K::Vec<T>(), drouter, K::Vec<T>(), g.dlogits, x,
-                          router, BT, C, E);
+                          router, BT, C, E, /*accumulate_dinp=*/true);
   });
   const K::Vec<T> mine = c.tp->sp() ? rows : dx;
   c.tp->sum_to_rows(dx, mine);
