@@ -81,7 +81,7 @@ class TrackedView {
   }
   // A large host buffer on transparent huge pages: a GEMM's operands, the optimizer's
   // streams and the activations then miss the TLB far less (at GPT-2 124M shapes on one
-  // rank, a step takes about 7% less time). The view is over-allocated by one huge page so it
+  // rank, a step takes about 5% less time). The view is over-allocated by one huge page so it
   // can start on a huge-page boundary, advised, then zeroed: that fill is its first touch.
   // The pad before the boundary is never touched, so it takes address space, not memory;
   // the shared allocation keeps the whole block alive as long as any copy of the view.
