@@ -37,6 +37,8 @@ TEST(Util, TrackedViewCountsBytesAndPeak) {
   EXPECT_EQ(memory::stats().peak[int(MemCategory::grads)], base + 800);
 }
 
+namespace {
+
 // The "[x]" choice of /sys/kernel/mm/transparent_hugepage/enabled ("" where there is none).
 std::string transparent_huge_pages_setting() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -63,6 +65,8 @@ int huge_pages_eligible(const void* p) {
   }
   return -1;
 }
+
+}  // namespace
 
 TEST(Util, LargeTrackedViewStartsOnAHugePageZeroedAndCountsItsOwnBytes) {
   const std::size_t n = 3 * memory::kHugePage / sizeof(float) + 7;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include "kernels/detail_math.hpp"
@@ -40,16 +41,25 @@ void check_config(const AttentionConfig& cfg, int B, int Tq, int Tk, int NH, int
                  " Tq=", Tq, " Tk=", Tk, " NH=", NH, " HS=", HS);
 }
 
+// The checks the forward and the backward share: the config, and Q, K and V as heads of
+// (B, Tq | Tk, NH * HS). Returns C = NH * HS.
+template <class T>
+int check_qkv(const std::string& fn, const CHeads<T>& q, const CHeads<T>& k, const CHeads<T>& v,
+              int B, int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg) {
+  check_config(cfg, B, Tq, Tk, NH, HS);
+  const int C = NH * HS;
+  check_heads((fn + " q").c_str(), q, B, Tq, C);
+  check_heads((fn + " k").c_str(), k, B, Tk, C);
+  check_heads((fn + " v").c_str(), v, B, Tk, C);
+  return C;
+}
+
 template <class T>
 void check_backward_args(const Heads<T>& dq, const Heads<T>& dk, const Heads<T>& dv,
                          const CVec<T>& dout, const CVec<T>& out, const CVec<T>& lse,
                          const CHeads<T>& q, const CHeads<T>& k, const CHeads<T>& v, int B, int Tq,
                          int Tk, int NH, int HS, const AttentionConfig& cfg) {
-  check_config(cfg, B, Tq, Tk, NH, HS);
-  const int C = NH * HS;
-  check_heads("attention_backward q", q, B, Tq, C);
-  check_heads("attention_backward k", k, B, Tk, C);
-  check_heads("attention_backward v", v, B, Tk, C);
+  const int C = check_qkv<T>("attention_backward", q, k, v, B, Tq, Tk, NH, HS, cfg);
   check_heads("attention_backward dq", dq, B, Tq, C);
   check_heads("attention_backward dk", dk, B, Tk, C);
   check_heads("attention_backward dv", dv, B, Tk, C);
@@ -404,11 +414,7 @@ std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg) {
 template <class T>
 void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq,
                        int Tk, int NH, int HS, const AttentionConfig& cfg) {
-  check_config(cfg, B, Tq, Tk, NH, HS);
-  const int C = NH * HS;
-  check_heads("attention_forward q", q, B, Tq, C);
-  check_heads("attention_forward k", k, B, Tk, C);
-  check_heads("attention_forward v", v, B, Tk, C);
+  const int C = check_qkv<T>("attention_forward", q, k, v, B, Tq, Tk, NH, HS, cfg);
   require_len("attention_forward out", out.extent(0), std::size_t(B) * Tq * C);
   require_len("attention_forward lse", lse.extent(0), std::size_t(B) * NH * Tq);
   if (B == 0 || Tq == 0) return;
