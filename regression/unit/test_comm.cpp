@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -71,8 +72,36 @@ const GroupTraffic& row(const std::vector<GroupTraffic>& table, const std::strin
 
 template <class T>
 class CommOps : public testing::Test {};
-using ElementTypes = testing::Types<float, double, std::int32_t, std::int64_t>;
+using ElementTypes = testing::Types<float, double, std::int32_t, std::int64_t, bf16>;
 TYPED_TEST_SUITE(CommOps, ElementTypes);
+
+// bf16 sums and maxima combine in fp32 and round once: with two ranks each element is
+// bf16(float(a) + float(b)), exactly (fp32 addition commutes). Random values, so that most
+// sums round; a NaN on one rank stays NaN.
+TEST(CommBf16, TwoRanksSumInFp32AndRoundOnce) {
+  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  if (c.size() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
+  const std::size_t n = 4096;
+  const test::HVec mine = test::random_vec(n, 11 + unsigned(c.rank()), -3, 3);
+  const test::HVec other = test::random_vec(n, 11 + unsigned(1 - c.rank()), -3, 3);
+  std::vector<bf16> sum(n), max(n);
+  for (std::size_t i = 0; i < n; ++i) sum[i] = max[i] = bf16(float(mine[i]));
+  sum[7] = bf16(c.rank() == 0 ? NAN : 1.0f);
+  max[7] = sum[7];
+  c.all_reduce_sum(sum.data(), n).wait();
+  c.all_reduce_max(max.data(), n).wait();
+  int rounded = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i == 7) continue;
+    const float a = bf16(float(mine[i])), b = bf16(float(other[i]));
+    ASSERT_EQ(sum[i].bits, bf16(a + b).bits) << i;
+    ASSERT_EQ(max[i].bits, bf16(std::max(a, b)).bits) << i;
+    rounded += float(sum[i]) != a + b;
+  }
+  EXPECT_GT(rounded, int(n) / 4) << "the test should exercise rounding";
+  EXPECT_TRUE(std::isnan(float(sum[7])));
+  EXPECT_TRUE(std::isnan(float(max[7])));
+}
 
 TYPED_TEST(CommOps, AllReduceSumAndMax) {
   using T = TypeParam;

@@ -70,6 +70,69 @@ TEST(KernelsGemm, MatchesNaiveWithTransposesOffsetsAndStrides) {
   check_gemm_against_naive<float>(1e-6);
 }
 
+// bf16 operands, fp32 accumulation, fp32 or bf16 C, at shapes that cross the 512-wide blocks
+// and panels in M, N and K, with offsets, strides and every transpose. The reference is the
+// fp64 product of the same (bf16) inputs. Products of bf16 are exact in fp32, so the error is
+// the fp32 sum's: at most (K + 2) 2^-24 of sum_k |alpha a b| + |beta c| per element (the
+// standard bound); a bf16 C adds one rounding, 2^-8 of the value (8-bit significand).
+template <class Out>
+void check_bf16_gemm(bool ta, bool tb, int M, int N, int K) {
+  const int a_rows = ta ? K : M, a_cols = ta ? M : K;
+  const int b_rows = tb ? N : K, b_cols = tb ? K : N;
+  const int lda = a_cols + 3, ldb = b_cols + 1, ldc = N + 2;
+  const std::size_t a_off = 5, b_off = 2, c_off = 1;
+  auto round_all = [](HVec v) {
+    for (double& x : v) x = double(float(bf16(float(x))));
+    return v;
+  };
+  const HVec A = round_all(random_vec(a_off + std::size_t(a_rows) * lda, 11));
+  const HVec B = round_all(random_vec(b_off + std::size_t(b_rows) * ldb, 12));
+  const HVec C0 = round_all(random_vec(c_off + std::size_t(M) * ldc, 13));
+  const float alpha = 0.75f, beta = 0.5f;
+  auto Cv = dev<Out>(C0);
+  gemm<bf16, Out>(ta, tb, M, N, K, alpha, dev<bf16>(A), a_off, lda, dev<bf16>(B), b_off, ldb, beta,
+                  Cv, c_off, ldc);
+  const HVec got = host(Cv);
+  const double u = std::ldexp(1.0, -24), rounding = std::is_same_v<Out, bf16> ? 0x1p-8 : 0.0;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0, mag = 0;
+      for (int k = 0; k < K; ++k) {
+        const double a = ta ? A[a_off + std::size_t(k) * lda + i] : A[a_off + std::size_t(i) * lda + k];
+        const double b = tb ? B[b_off + std::size_t(j) * ldb + k] : B[b_off + std::size_t(k) * ldb + j];
+        s += a * b;
+        mag += std::fabs(a * b);
+      }
+      const std::size_t at = c_off + std::size_t(i) * ldc + std::size_t(j);
+      const double expect = alpha * s + beta * C0[at];
+      const double bound = (K + 2) * u * (alpha * mag + beta * std::fabs(C0[at])) +
+                           rounding * std::fabs(expect);
+      ASSERT_LE(std::fabs(got[at] - expect), bound * (1 + 1e-12))
+          << "(" << i << ", " << j << ") trans_a " << ta << " trans_b " << tb;
+    }
+  for (int i = 0; i < M; ++i)  // the padding between rows is untouched
+    for (int j = N; j < ldc && c_off + std::size_t(i) * ldc + j < got.size(); ++j)
+      ASSERT_EQ(got[c_off + std::size_t(i) * ldc + j], C0[c_off + std::size_t(i) * ldc + j]);
+}
+
+TEST(KernelsGemm, Bf16InputsAccumulateInFp32AcrossBlocks) {
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      check_bf16_gemm<float>(ta, tb, 530, 517, 1030);
+      check_bf16_gemm<bf16>(ta, tb, 7, 600, 3);
+    }
+  check_bf16_gemm<bf16>(false, true, 520, 513, 1100);
+}
+
+TEST(KernelsGemm, Bf16BetaZeroOverwritesEvenNaNAndKZeroScales) {
+  auto C = dev<bf16>({std::nan(""), std::nan(""), 4, 8});
+  gemm<bf16>(false, false, 1, 2, 1, 1.0f, dev<bf16>({2}), dev<bf16>({1, 3}), 0.0f, C);
+  EXPECT_EQ(host(C), (HVec{2, 6, 4, 8}));
+  auto D = dev<float>({2, 6});
+  gemm<bf16, float>(false, false, 1, 2, 0, 1.0f, dev<bf16>({}), dev<bf16>({}), 0.5f, D);
+  EXPECT_EQ(host(D), (HVec{1, 3}));
+}
+
 TEST(KernelsGemm, BetaZeroOverwritesEvenNaN) {
   auto C = dev<double>(HVec(6, std::numeric_limits<double>::quiet_NaN()));
   gemm<double>(false, false, 2, 3, 1, 1.0, dev<double>({1, 2}), dev<double>({1, 2, 3}), 0.0, C);

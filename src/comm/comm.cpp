@@ -137,8 +137,46 @@ void Comm::all_reduce_sum_now(double* data, int n) {
 
 namespace {
 
+// bf16 on the wire: a committed 2-byte type of its own (not MPI_UINT16_T, so that MPI's
+// integer MPI_SUM can never be applied to it by mistake), with user operations that add or
+// compare in fp32 and round the result once. Created on first use, after MPI_Init, and kept
+// for the life of the process (MPI_Finalize frees them).
+template <bool Max>
+void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16* a = static_cast<const bf16*>(in);
+  bf16* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = a[i], y = b[i];
+    b[i] = bf16(Max ? (x > y || x != x ? x : y) : x + y);
+  }
+}
+
+struct Bf16Mpi {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL;
+};
+
+const Bf16Mpi& bf16_mpi() {
+  static const Bf16Mpi b = [] {
+    Bf16Mpi m;
+    mpi::check(MPI_Type_contiguous(2, MPI_BYTE, &m.type), "MPI Type_contiguous (bf16)");
+    mpi::check(MPI_Type_commit(&m.type), "MPI Type_commit (bf16)");
+    mpi::check(MPI_Op_create(&bf16_combine<false>, 1, &m.sum), "MPI Op_create (bf16 sum)");
+    mpi::check(MPI_Op_create(&bf16_combine<true>, 1, &m.max), "MPI Op_create (bf16 max)");
+    return m;
+  }();
+  return b;
+}
+
+MPI_Op mpi_op(DType t, ReduceOp op) {
+  if (t == DType::bf16) return op == ReduceOp::sum ? bf16_mpi().sum : bf16_mpi().max;
+  return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+}
+
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
+    case DType::bf16:
+      return bf16_mpi().type;
     case DType::f32:
       return MPI_FLOAT;
     case DType::f64:
@@ -243,8 +281,7 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name)
 
 Request MpiComm::do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) {
   MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n), mpi_type(t),
-                       op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_, &r),
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n), mpi_type(t), mpi_op(t, op), comm_, &r),
         "Iallreduce");
   return Request(r, this, {});
 }
@@ -253,7 +290,8 @@ Request MpiComm::do_reduce_scatter_sum(const void* send, void* recv, const std::
                                        DType t) {
   std::vector<int> args(counts);
   MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Ireduce_scatter(send, recv, args.data(), mpi_type(t), MPI_SUM, comm_, &r),
+  check(MPI_Ireduce_scatter(send, recv, args.data(), mpi_type(t), mpi_op(t, ReduceOp::sum), comm_,
+                            &r),
         "Ireduce_scatter");
   return Request(r, this, std::move(args));
 }

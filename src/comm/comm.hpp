@@ -19,12 +19,16 @@
 #include <utility>
 #include <vector>
 
+#include "util/bf16.hpp"
+
 namespace ptrain {
 
 class Comm;
 
-// Element types a Comm moves; the templates below map C++ types to them.
-enum class DType { f32, f64, i32, i64 };
+// Element types a Comm moves; the templates below map C++ types to them. bf16 sums and maxima
+// are computed in fp32 and rounded once per pairwise combination (MPI has no bf16: a 2-byte
+// type with user-defined operations).
+enum class DType { f32, f64, i32, i64, bf16 };
 enum class ReduceOp { sum, max };
 
 template <class T>
@@ -37,6 +41,8 @@ constexpr DType dtype_of() {
     return DType::i32;
   else if constexpr (std::is_same_v<T, std::int64_t>)
     return DType::i64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return DType::bf16;
   else
     static_assert(sizeof(T) == 0, "unsupported element type");
 }

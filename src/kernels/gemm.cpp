@@ -43,12 +43,67 @@ void call_cblas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, dou
   cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// bf16 operands: no BLAS here has a bf16 gemm (Debian's OpenBLAS 0.3.21 exports no sbgemm),
+// so C is computed in blocks of at most kPanel x kPanel, each summed in fp32 over panels of
+// kPanel along K: the A and B panels are widened to fp32 (exact) and multiplied by sgemm. The
+// widening costs about MNK / kPanel element copies per operand against 2 MNK flops (a 1/256
+// overhead at kPanel = 512), and the workspace stays at 3 kPanel^2 floats whatever the shape;
+// the K order of the sum is fixed, so results do not depend on the thread count. C is read
+// (beta != 0) and written once per block, rounded once when it is bf16.
+constexpr int kPanel = 512;
+
+template <class Out>
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf16* A, int lda,
+               const bf16* B, int ldb, float beta, Out* C, int ldc) {
+  const std::size_t p = kPanel;
+  TrackedView<float> work(MemCategory::workspace, "gemm_bf16_panels", 3 * p * p);
+  float* a = work.data();  // (mb, kb): op(A) rows i0.., columns k0..
+  float* b = a + p * p;    // (kb, nb): op(B) rows k0.., columns j0..
+  float* c = b + p * p;    // (mb, nb)
+  for (int i0 = 0; i0 < M; i0 += kPanel)
+    for (int j0 = 0; j0 < N; j0 += kPanel) {
+      const int mb = std::min(kPanel, M - i0), nb = std::min(kPanel, N - j0);
+      for (int i = 0; i < mb; ++i)
+        for (int j = 0; j < nb; ++j)
+          c[std::size_t(i) * p + std::size_t(j)] =
+              beta == 0.0f ? 0.0f : beta * float(C[std::size_t(i0 + i) * std::size_t(ldc) + std::size_t(j0 + j)]);
+      for (int k0 = 0; k0 < K; k0 += kPanel) {
+        const int kb = std::min(kPanel, K - k0);
+        for (int i = 0; i < mb; ++i)  // op(A)(i, k) = A(i, k) or A(k, i)
+          for (int k = 0; k < kb; ++k)
+            a[std::size_t(i) * p + std::size_t(k)] =
+                trans_a ? A[std::size_t(k0 + k) * std::size_t(lda) + std::size_t(i0 + i)]
+                        : A[std::size_t(i0 + i) * std::size_t(lda) + std::size_t(k0 + k)];
+        for (int k = 0; k < kb; ++k)  // op(B)(k, j) = B(k, j) or B(j, k)
+          for (int j = 0; j < nb; ++j)
+            b[std::size_t(k) * p + std::size_t(j)] =
+                trans_b ? B[std::size_t(j0 + j) * std::size_t(ldb) + std::size_t(k0 + k)]
+                        : B[std::size_t(k0 + k) * std::size_t(ldb) + std::size_t(j0 + j)];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, nb, kb, alpha, a, kPanel, b,
+                    kPanel, 1.0f, c, kPanel);
+      }
+      for (int i = 0; i < mb; ++i)
+        for (int j = 0; j < nb; ++j)
+          C[std::size_t(i0 + i) * std::size_t(ldc) + std::size_t(j0 + j)] =
+              Out(c[std::size_t(i) * p + std::size_t(j)]);
+    }
+}
+
+void call_cblas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                const bf16* A, int lda, const bf16* B, int ldb, float beta, bf16* C, int ldc) {
+  gemm_bf16(ta == CblasTrans, tb == CblasTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void call_cblas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                const bf16* A, int lda, const bf16* B, int ldb, float beta, float* C, int ldc) {
+  gemm_bf16(ta == CblasTrans, tb == CblasTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 }  // namespace
 
-template <class T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, CVec<T> A, std::size_t a_offset,
-          int lda, CVec<T> B, std::size_t b_offset, int ldb, T beta, Vec<T> C, std::size_t c_offset,
-          int ldc) {
+template <class T, class Out>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha, CVec<T> A,
+          std::size_t a_offset, int lda, CVec<T> B, std::size_t b_offset, int ldb,
+          accumulate_t<T> beta, OutVec<Out> C, std::size_t c_offset, int ldc) {
   if constexpr (!kViewsOnHost) {
     throw Error("gemm: views in device memory need the cuBLAS backend, which this build lacks");
   }
@@ -69,11 +124,11 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, CVec<T> A, s
              K > 0 ? B.data() + b_offset : nullptr, ldb, beta, C.data() + c_offset, ldc);
 }
 
-template <class T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, CVec<T> A, CVec<T> B, T beta,
-          Vec<T> C) {
-  gemm<T>(trans_a, trans_b, M, N, K, alpha, A, 0, trans_a ? M : K, B, 0, trans_b ? K : N, beta, C,
-          0, N);
+template <class T, class Out>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha, CVec<T> A,
+          CVec<T> B, accumulate_t<T> beta, OutVec<Out> C) {
+  gemm<T, Out>(trans_a, trans_b, M, N, K, alpha, A, 0, trans_a ? M : K, B, 0, trans_b ? K : N, beta,
+               C, 0, N);
 }
 
 bool set_blas_threads(int n) {
@@ -151,13 +206,16 @@ double measure_gemm_peak_gflops(double seconds) {
   return 2.0 * M * N * K * calls / elapsed * 1e-9;
 }
 
-template void gemm<float>(bool, bool, int, int, int, float, CVec<float>, std::size_t, int,
-                          CVec<float>, std::size_t, int, float, Vec<float>, std::size_t, int);
-template void gemm<double>(bool, bool, int, int, int, double, CVec<double>, std::size_t, int,
-                           CVec<double>, std::size_t, int, double, Vec<double>, std::size_t, int);
-template void gemm<float>(bool, bool, int, int, int, float, CVec<float>, CVec<float>, float,
-                          Vec<float>);
-template void gemm<double>(bool, bool, int, int, int, double, CVec<double>, CVec<double>, double,
-                           Vec<double>);
+#define PTRAIN_INSTANTIATE_GEMM(T, Out)                                                          \
+  template void gemm<T, Out>(bool, bool, int, int, int, accumulate_t<T>, CVec<T>, std::size_t, int, \
+                             CVec<T>, std::size_t, int, accumulate_t<T>, OutVec<Out>, std::size_t,  \
+                             int);                                                                  \
+  template void gemm<T, Out>(bool, bool, int, int, int, accumulate_t<T>, CVec<T>, CVec<T>,          \
+                             accumulate_t<T>, OutVec<Out>);
+PTRAIN_INSTANTIATE_GEMM(float, float)
+PTRAIN_INSTANTIATE_GEMM(double, double)
+PTRAIN_INSTANTIATE_GEMM(bf16, bf16)
+PTRAIN_INSTANTIATE_GEMM(bf16, float)
+#undef PTRAIN_INSTANTIATE_GEMM
 
 }  // namespace ptrain::kernels

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/view.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::kernels {
 
@@ -13,16 +14,23 @@ namespace ptrain::kernels {
 // (e.g. the Q third of a (B, T, 3C) qkv buffer: offset 0, ld 3C). Stored A is (M, K),
 // or (K, M) when trans_a; stored B is (K, N), or (N, K) when trans_b. Bounds are checked;
 // beta == 0 overwrites C (its old contents, even NaN, are ignored).
-template <class T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha,  //
-          CVec<T> A, std::size_t a_offset, int lda,                  //
-          CVec<T> B, std::size_t b_offset, int ldb,                  //
-          T beta, Vec<T> C, std::size_t c_offset, int ldc);
+//
+// T is the operands' storage type and Out C's (T unless named): float and double as BLAS has
+// them; bf16 operands with fp32 accumulation and a bf16 or fp32 C (gemm<bf16, float> writes
+// parameter gradients kept in fp32). alpha and beta are in T's accumulate type.
+template <class Out>
+using OutVec = typename detail::NonDeduced<Kokkos::View<Out*>>::type;
+
+template <class T, class Out = T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha,  //
+          CVec<T> A, std::size_t a_offset, int lda,                                //
+          CVec<T> B, std::size_t b_offset, int ldb,                                //
+          accumulate_t<T> beta, OutVec<Out> C, std::size_t c_offset, int ldc);
 
 // The same for matrices that start at offset 0 with natural leading dimensions.
-template <class T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, CVec<T> A, CVec<T> B, T beta,
-          Vec<T> C);
+template <class T, class Out = T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha, CVec<T> A,
+          CVec<T> B, accumulate_t<T> beta, OutVec<Out> C);
 
 // BLAS thread count. set_blas_threads returns false where this BLAS cannot change it at
 // run time (not OpenBLAS); blas_threads returns 0 where it cannot be asked.
