@@ -2,7 +2,8 @@
 // Blockwise attention against a naive (T x T) reference, its backward against central
 // finite differences in fp64, and the context-parallel contract: attention over all keys
 // equals the lse-merge of attentions over disjoint key chunks, and per-chunk backwards
-// with the merged out/lse sum to the full backward.
+// with the merged out/lse sum to the full backward. bf16 storage (fp32 arithmetic, fp32 lse)
+// against the fp64 kernels on the same bf16-rounded inputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +14,9 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
+#include "util/bf16.hpp"
 #include "util/error.hpp"
+#include "util/precision.hpp"
 #include "test_support.hpp"
 
 using namespace ptrain;
@@ -70,7 +73,8 @@ Naive naive_qkv(const HVec& qkv, int B, int T, int NH, int HS, bool causal) {
 
 template <class T>
 Naive run_qkv(const HVec& qkv, int B, int Tn, int NH, int HS, const AttentionConfig& cfg) {
-  Kokkos::View<T*> out("out", std::size_t(B) * Tn * NH * HS), lse("lse", std::size_t(B) * NH * Tn);
+  Kokkos::View<T*> out("out", std::size_t(B) * Tn * NH * HS);
+  Kokkos::View<accumulate_t<T>*> lse("lse", std::size_t(B) * NH * Tn);
   attention_forward<T>(out, lse, dev<T>(qkv), B, Tn, NH, HS, cfg);
   return {host(out), host(lse)};
 }
@@ -297,6 +301,316 @@ TEST(KernelsAttention, RejectsBadConfigAndShortViews) {
   EXPECT_THROW(attention_forward<double>(out, lse, qkv, B, Tn + 1, NH, HS), Error);
   Kokkos::View<double*> short_lse("lse", B * NH * Tn - 1);
   EXPECT_THROW(attention_forward<double>(out, short_lse, qkv, B, Tn, NH, HS), Error);
+}
+
+// ---- bf16: q, k, v, out, dout and the gradients stored in bf16; arithmetic and lse in fp32 ----
+//
+// Every input is rounded to bf16 before the fp64 reference sees it, so only the kernels' own
+// rounding is measured. bf16 has an 8-bit significand: rounding a value to it once moves it by
+// at most u = 2^-8 of itself. The kernels compute in fp32 (relative error of order 1e-7 times a
+// growth of at most a few hundred at these sizes, negligible against u) and round each output
+// once, where they store it. So:
+//  - out: per element |out - ref| <= u |ref| + (fp32 error); in a row's max norm,
+//    max |out - ref| / max |ref| <= u (1 + 1e-4) < 1.5 u. Norm-wise rel_err is about u / sqrt(3)
+//    (rounding errors spread uniformly); its bound 4 u is loose on purpose.
+//  - lse: fp32 and never rounded to bf16, so fp32 accuracy: relative 1e-5.
+//  - gradients: their own final rounding (<= u), plus the rounding of out, which the backward
+//    reads in D = rowsum(dO * O): up to u of each term of D, entering dS = P (dP - D) and so all
+//    three gradients (dO is bf16 too, but rounded before the reference sees it). Two roundings
+//    of size u: about 2 u norm-wise at most, and the bound 4 u allows another factor 2 for
+//    growth of out's rounding through dP - D. With key chunks (context parallelism) out is
+//    rounded twice (chunk, merge) and dQ once per chunk: a third and fourth rounding, still
+//    within 4 u norm-wise as measured (printed). A kernel that accumulated in bf16 shows errors
+//    of several u even norm-wise (Bf16ErrorBoundsCatchBf16Accumulation).
+// And exactly: the bf16 kernels run the fp32 block code on operands widened to fp32, so every
+// bf16 result is the fp32 kernel's result on the same (bf16-valued) inputs, rounded once.
+constexpr double kU = 1.0 / 256;  // 2^-8
+
+double round_bf16(double x) { return double(float(bf16(float(x)))); }
+HVec round_bf16(HVec v) {
+  for (auto& x : v) x = round_bf16(x);
+  return v;
+}
+
+// Number of entries where a and b differ (not bit-for-bit equal as doubles).
+std::size_t differing(const HVec& a, const HVec& b) {
+  EXPECT_EQ(a.size(), b.size());
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+// The largest max-norm relative error of a row: over the rows (b, t, h) of (B, Tq, NH*HS)
+// outputs whose query (at position q_pos0 + t, causal against keys from position 0) sees at
+// least min_keys keys, max_d |a - ref| / max_d |ref|.
+double worst_row_err(const HVec& a, const HVec& ref, int B, int Tq, int NH, int HS, int q_pos0,
+                     int min_keys) {
+  double worst = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < Tq; ++t) {
+      if (q_pos0 + t + 1 < min_keys) continue;
+      for (int h = 0; h < NH; ++h) {
+        double num = 0, den = 0;
+        for (int d = 0; d < HS; ++d) {
+          const std::size_t i = (std::size_t(b) * Tq + t) * NH * HS + std::size_t(h) * HS + d;
+          num = std::max(num, std::abs(a[i] - ref[i]));
+          den = std::max(den, std::abs(ref[i]));
+        }
+        worst = std::max(worst, num / std::max(den, 1e-300));
+      }
+    }
+  return worst;
+}
+
+// max_i |a - ref| / max(1, |ref|) over finite entries (the lse; -inf must match).
+double lse_err(const HVec& a, const HVec& ref) {
+  EXPECT_EQ(a.size(), ref.size());
+  double e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) || std::isinf(ref[i])) {
+      EXPECT_EQ(a[i], ref[i]) << "lse entry " << i;
+      continue;
+    }
+    e = std::max(e, std::abs(a[i] - ref[i]) / std::max(1.0, std::abs(ref[i])));
+  }
+  return e;
+}
+
+struct Bf16Shape {
+  int B, Tn, NH, HS;
+};
+// Causal self-attention with T not a multiple of the blocks; T = 130 has rows of 128+ keys.
+const std::vector<Bf16Shape> kBf16Shapes = {{2, 77, 3, 32}, {2, 130, 2, 64}};
+
+TEST(KernelsAttention, Bf16ForwardIsFp32ArithmeticRoundedOnce) {
+  for (const auto& [B, Tn, NH, HS] : kBf16Shapes) {
+    const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * NH * HS, 50 + HS, -1, 1));
+    for (const auto& cfg : {AttentionConfig{}, blocks(5, 7), blocks(48, 40)}) {
+      const Naive ref = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
+      const Naive h = run_qkv<bf16>(qkv, B, Tn, NH, HS, cfg);
+      const double e_out = rel_err(h.out, ref.out);
+      const double e_row = worst_row_err(h.out, ref.out, B, Tn, NH, HS, 0, 1);
+      const double e_lse = lse_err(h.lse, ref.lse);
+      std::printf(
+          "bf16 forward T=%d HS=%d blocks %d,%d: out rel_err %.2e (%.2f u), worst row "
+          "%.2f u; lse %.1e\n",
+          Tn, HS, cfg.q_block, cfg.k_block, e_out, e_out / kU, e_row / kU, e_lse);
+      EXPECT_LT(e_out, 4 * kU) << "T " << Tn << " HS " << HS << " blocks " << cfg.q_block;
+      EXPECT_LT(e_row, 1.5 * kU) << "T " << Tn << " HS " << HS << " blocks " << cfg.q_block;
+      EXPECT_LT(e_lse, 1e-5) << "T " << Tn << " HS " << HS << " blocks " << cfg.q_block;
+      // The fp32 kernel on the same inputs, rounded once.
+      const Naive f = run_qkv<float>(qkv, B, Tn, NH, HS, cfg);
+      EXPECT_EQ(differing(h.out, round_bf16(f.out)), 0u) << "T " << Tn << " HS " << HS;
+      EXPECT_EQ(differing(h.lse, f.lse), 0u) << "T " << Tn << " HS " << HS;
+    }
+  }
+}
+
+// One query row as the forward would compute it were its scratch bf16: the score, the running
+// max and sum and the output accumulator rounded to bf16 after every key. Returns out (HS).
+HVec bf16_scratch_row(const HVec& qkv, int b, int t, int h, int Tn, int NH, int HS) {
+  const int C = NH * HS;
+  auto at = [&](int pos, int part, int c) {
+    return float(qkv[(std::size_t(b) * Tn + pos) * 3 * C + std::size_t(part) * C + h * HS + c]);
+  };
+  auto r = [](float x) { return float(bf16(x)); };
+  const float scale = 1 / std::sqrt(float(HS));
+  float m = -std::numeric_limits<float>::infinity(), l = 0;
+  std::vector<float> acc(HS, 0.0f);
+  for (int j = 0; j <= t; ++j) {
+    float dot = 0;
+    for (int c = 0; c < HS; ++c) dot += at(t, 0, c) * at(j, 1, c);
+    const float s = r(dot * scale), m_new = std::max(m, s);
+    const float corr = r(std::exp(m - m_new)), p = r(std::exp(s - m_new));
+    l = r(l * corr + p);
+    for (int c = 0; c < HS; ++c) acc[c] = r(acc[c] * corr + p * at(j, 2, c));
+    m = m_new;
+  }
+  HVec o(HS);
+  for (int c = 0; c < HS; ++c) o[c] = r(acc[c] / l);
+  return o;
+}
+
+// The bounds above can fail: on the rows that see 128 or more keys, a forward with bf16 scratch
+// (emulated on the host) misses the row bound 1.5 u, and even the norm-wise 4 u, by far; the
+// kernels meet them.
+TEST(KernelsAttention, Bf16ErrorBoundsCatchBf16Accumulation) {
+  const int B = 1, Tn = 130, NH = 2, HS = 64, C = NH * HS, first = 127;  // rows 127.. see 128+
+  const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * C, 60, -1, 1));
+  const Naive ref = run_qkv<double>(qkv, B, Tn, NH, HS, {});
+  const Naive h = run_qkv<bf16>(qkv, B, Tn, NH, HS, {});
+  const int rows = Tn - first;
+  HVec emulated(std::size_t(rows) * C), kernel(emulated.size()), exact(emulated.size());
+  for (int t = first; t < Tn; ++t)
+    for (int hd = 0; hd < NH; ++hd) {
+      const HVec o = bf16_scratch_row(qkv, 0, t, hd, Tn, NH, HS);
+      for (int d = 0; d < HS; ++d) {
+        const std::size_t i = std::size_t(t - first) * C + hd * HS + d;
+        emulated[i] = o[d];
+        kernel[i] = h.out[std::size_t(t) * C + hd * HS + d];
+        exact[i] = ref.out[std::size_t(t) * C + hd * HS + d];
+      }
+    }
+  const double row_emulated = worst_row_err(emulated, exact, 1, rows, NH, HS, first, 128);
+  const double row_kernel = worst_row_err(kernel, exact, 1, rows, NH, HS, first, 128);
+  const double norm_emulated = rel_err(emulated, exact), norm_kernel = rel_err(kernel, exact);
+  std::printf(
+      "rows of 128+ keys: worst row %.2f u (kernel) vs %.2f u (bf16 scratch); "
+      "norm-wise %.2f u vs %.2f u\n",
+      row_kernel / kU, row_emulated / kU, norm_kernel / kU, norm_emulated / kU);
+  EXPECT_LT(row_kernel, 1.5 * kU);
+  EXPECT_GT(row_emulated, 1.5 * kU);
+  EXPECT_LT(norm_kernel, 4 * kU);
+  EXPECT_GT(norm_emulated, 4 * kU);
+}
+
+TEST(KernelsAttention, Bf16BackwardMatchesFp64AndAccumulatesInFp32) {
+  for (const auto& [B, Tn, NH, HS] : kBf16Shapes) {
+    const int C = NH * HS;
+    const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * C, 70 + HS, -1, 1));
+    const HVec R = round_bf16(random_vec(std::size_t(B) * Tn * C, 71 + HS));
+    for (const auto& cfg : {AttentionConfig{}, blocks(5, 7)}) {
+      const Naive d = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
+      auto dref_v = dev<double>(HVec(qkv.size()));
+      attention_backward<double>(dref_v, dev<double>(R), dev<double>(d.out), dev<double>(d.lse),
+                                 dev<double>(qkv), B, Tn, NH, HS, cfg);
+      const HVec dref = host(dref_v);
+      // The bf16 forward's out (bf16) and lse (fp32) feed the bf16 backward.
+      const Naive h = run_qkv<bf16>(qkv, B, Tn, NH, HS, cfg);
+      auto qkvh = dev<bf16>(qkv), douth = dev<bf16>(R), outh = dev<bf16>(h.out);
+      auto lseh = dev<float>(h.lse);
+      auto dh = dev<bf16>(HVec(qkv.size(), 5.0));  // overwritten
+      attention_backward<bf16>(dh, douth, outh, lseh, qkvh, B, Tn, NH, HS, cfg);
+      const double e = rel_err(host(dh), dref);
+      // fp32 on the same inputs, rounded once
+      auto df = dev<float>(HVec(qkv.size()));
+      attention_backward<float>(df, dev<float>(R), dev<float>(h.out), lseh, dev<float>(qkv), B, Tn,
+                                NH, HS, cfg);
+      EXPECT_EQ(differing(host(dh), round_bf16(host(df))), 0u) << "T " << Tn << " HS " << HS;
+
+      // accumulate = true onto bf16 gradients G0 of the same size: T(float(G0) + contribution)
+      double rms = 0;
+      for (double x : dref) rms += x * x;
+      rms = std::sqrt(rms / dref.size());
+      const HVec G0 = round_bf16(random_vec(qkv.size(), 72 + HS, -rms, rms));
+      auto ga = dev<bf16>(G0);
+      const Heads<const bf16> q(qkvh, 0, 3 * C), k(qkvh, C, 3 * C), v(qkvh, 2 * C, 3 * C);
+      attention_backward<bf16>(Heads<bf16>(ga, 0, 3 * C), Heads<bf16>(ga, C, 3 * C),
+                               Heads<bf16>(ga, 2 * C, 3 * C), douth, outh, lseh, q, k, v, B, Tn, Tn,
+                               NH, HS, cfg, true);
+      HVec gref = G0;
+      for (std::size_t i = 0; i < gref.size(); ++i) gref[i] += dref[i];
+      const double ea = rel_err(host(ga), gref);
+      auto gf = dev<float>(G0), qkvf = dev<float>(qkv);
+      const Heads<const float> qf(qkvf, 0, 3 * C), kf(qkvf, C, 3 * C), vf(qkvf, 2 * C, 3 * C);
+      attention_backward<float>(Heads<float>(gf, 0, 3 * C), Heads<float>(gf, C, 3 * C),
+                                Heads<float>(gf, 2 * C, 3 * C), dev<float>(R), dev<float>(h.out),
+                                lseh, qf, kf, vf, B, Tn, Tn, NH, HS, cfg, true);
+      EXPECT_EQ(differing(host(ga), round_bf16(host(gf))), 0u) << "T " << Tn << " HS " << HS;
+
+      std::printf(
+          "bf16 backward T=%d HS=%d blocks %d,%d: dqkv rel_err %.2e (%.2f u), "
+          "accumulated %.2e (%.2f u)\n",
+          Tn, HS, cfg.q_block, cfg.k_block, e, e / kU, ea, ea / kU);
+      EXPECT_LT(e, 4 * kU) << "T " << Tn << " HS " << HS << " blocks " << cfg.q_block;
+      EXPECT_LT(ea, 4 * kU) << "T " << Tn << " HS " << HS << " blocks " << cfg.q_block;
+    }
+  }
+}
+
+// Context parallelism in bf16: key chunks at k_pos0 merged (fp32 lse), per-chunk backwards
+// accumulated; and a query chunk at q_pos0 whose rows see 81 to 130 keys.
+TEST(KernelsAttention, Bf16KeyAndQueryChunksMatchFp64) {
+  const int B = 2, Tn = 130, NH = 2, HS = 32, C = NH * HS, half = 70;
+  const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * C, 81, -1, 1));
+  const HVec R = round_bf16(random_vec(std::size_t(B) * Tn * C, 82));
+  const std::size_t bstride = std::size_t(Tn) * 3 * C;
+  const Naive full = run_qkv<double>(qkv, B, Tn, NH, HS, {});
+  auto dfull_v = dev<double>(HVec(qkv.size()));
+  attention_backward<double>(dfull_v, dev<double>(R), dev<double>(full.out), dev<double>(full.lse),
+                             dev<double>(qkv), B, Tn, NH, HS);
+  const HVec dfull = host(dfull_v);
+
+  auto qkvh = dev<bf16>(qkv);
+  const Heads<const bf16> q(qkvh, 0, 3 * C);
+  const Heads<const bf16> k1(qkvh, C, 3 * C, bstride), v1(qkvh, 2 * C, 3 * C, bstride);
+  const Heads<const bf16> k2(qkvh, C + half * 3 * C, 3 * C, bstride),
+      v2(qkvh, 2 * C + half * 3 * C, 3 * C, bstride);
+  AttentionConfig cfg1 = blocks(64, 64), cfg2 = blocks(48, 40);
+  cfg2.k_pos0 = half;
+  Kokkos::View<bf16*> out("out", B * Tn * C), out2("out2", B * Tn * C);
+  Kokkos::View<float*> lse("lse", B * NH * Tn), lse2("lse2", B * NH * Tn);
+  attention_forward<bf16>(out, lse, q, k1, v1, B, Tn, half, NH, HS, cfg1);
+  attention_forward<bf16>(out2, lse2, q, k2, v2, B, Tn, Tn - half, NH, HS, cfg2);
+  // attention_merge<bf16> is the fp32 merge of the widened parts, rounded once
+  auto outf = dev<float>(host(out)), lsef = dev<float>(host(lse));
+  attention_merge<float>(outf, lsef, dev<float>(host(out2)), dev<float>(host(lse2)), B, Tn, NH, HS);
+  attention_merge<bf16>(out, lse, out2, lse2, B, Tn, NH, HS);
+  EXPECT_EQ(differing(host(out), round_bf16(host(outf))), 0u);
+  EXPECT_EQ(differing(host(lse), host(lsef)), 0u);
+  const double e_out = rel_err(host(out), full.out), e_lse = lse_err(host(lse), full.lse);
+  EXPECT_LT(e_out, 4 * kU);
+  EXPECT_LT(e_lse, 1e-5);
+
+  auto dqkv = dev<bf16>(HVec(qkv.size()));
+  auto dout = dev<bf16>(R);
+  const Heads<bf16> dq(dqkv, 0, 3 * C);
+  const Heads<bf16> dk1(dqkv, C, 3 * C, bstride), dv1(dqkv, 2 * C, 3 * C, bstride);
+  const Heads<bf16> dk2(dqkv, C + half * 3 * C, 3 * C, bstride),
+      dv2(dqkv, 2 * C + half * 3 * C, 3 * C, bstride);
+  attention_backward<bf16>(dq, dk1, dv1, dout, out, lse, q, k1, v1, B, Tn, half, NH, HS, cfg1,
+                           true);
+  attention_backward<bf16>(dq, dk2, dv2, dout, out, lse, q, k2, v2, B, Tn, Tn - half, NH, HS, cfg2,
+                           true);
+  const double e_grad = rel_err(host(dqkv), dfull);
+  EXPECT_LT(e_grad, 4 * kU);
+
+  // Queries [q0, T) of each sequence (q_pos0 = q0) against all keys, forward and backward.
+  const int q0 = 80, Tq = Tn - q0;
+  AttentionConfig cq = blocks(16, 64);
+  cq.q_pos0 = q0;
+  auto qkvd = dev<double>(qkv);
+  const Heads<const double> qd(qkvd, q0 * 3 * C, 3 * C, bstride), kd(qkvd, C, 3 * C),
+      vd(qkvd, 2 * C, 3 * C);
+  const Heads<const bf16> qc(qkvh, q0 * 3 * C, 3 * C, bstride), kc(qkvh, C, 3 * C),
+      vc(qkvh, 2 * C, 3 * C);
+  const HVec Rc = round_bf16(random_vec(std::size_t(B) * Tq * C, 83));
+  Kokkos::View<double*> outd("outd", B * Tq * C), lsed("lsed", B * NH * Tq);
+  Kokkos::View<bf16*> outc("outc", B * Tq * C);
+  Kokkos::View<float*> lsec("lsec", B * NH * Tq);
+  attention_forward<double>(outd, lsed, qd, kd, vd, B, Tq, Tn, NH, HS, cq);
+  attention_forward<bf16>(outc, lsec, qc, kc, vc, B, Tq, Tn, NH, HS, cq);
+  const double e_qout = rel_err(host(outc), host(outd));
+  const double e_qrow = worst_row_err(host(outc), host(outd), B, Tq, NH, HS, q0, 128);
+  const double e_qlse = lse_err(host(lsec), host(lsed));
+  EXPECT_LT(e_qout, 4 * kU);
+  EXPECT_LT(e_qrow, 1.5 * kU);
+  EXPECT_LT(e_qlse, 1e-5);
+  auto dd = dev<double>(HVec(qkv.size()));
+  auto dc = dev<bf16>(HVec(qkv.size()));
+  attention_backward<double>(Heads<double>(dd, q0 * 3 * C, 3 * C, bstride),
+                             Heads<double>(dd, C, 3 * C), Heads<double>(dd, 2 * C, 3 * C),
+                             dev<double>(Rc), outd, lsed, qd, kd, vd, B, Tq, Tn, NH, HS, cq);
+  attention_backward<bf16>(Heads<bf16>(dc, q0 * 3 * C, 3 * C, bstride), Heads<bf16>(dc, C, 3 * C),
+                           Heads<bf16>(dc, 2 * C, 3 * C), dev<bf16>(Rc), outc, lsec, qc, kc, vc, B,
+                           Tq, Tn, NH, HS, cq);
+  const double e_qgrad = rel_err(host(dc), host(dd));
+  EXPECT_LT(e_qgrad, 4 * kU);
+  std::printf(
+      "bf16 key chunks: out %.2f u, lse %.1e, dqkv %.2f u; query chunk: out %.2f u "
+      "(worst row %.2f u), lse %.1e, dqkv %.2f u\n",
+      e_out / kU, e_lse, e_grad / kU, e_qout / kU, e_qrow / kU, e_qlse, e_qgrad / kU);
+}
+
+TEST(KernelsAttention, Bf16MergeHandlesRowsWithoutKeys) {
+  const int B = 1, Tn = 2, NH = 1, HS = 2;
+  auto oa = dev<bf16>({1, 2, 3, 4});
+  auto la = dev<float>({kNegInf, 0.5});
+  auto ob = dev<bf16>({5, 6, 7, 8});
+  auto lb = dev<float>({kNegInf, kNegInf});
+  attention_merge<bf16>(oa, la, ob, lb, B, Tn, NH, HS);
+  EXPECT_EQ(host(oa), (HVec{0, 0, 3, 4}));
+  EXPECT_EQ(host(la), (HVec{kNegInf, 0.5}));
 }
 
 }  // namespace

@@ -4,6 +4,12 @@
 // count). The block products are in-kernel loops over team scratch, not gemm calls: on CPU
 // threads, one small BLAS call and one parallel region per block cost more in fork/join than
 // the block's arithmetic.
+//
+// Storage type T, arithmetic in A = accumulate_t<T>. For float and double A is T: the blocks
+// read Q, V, dO and K rows where they lie and dQ, dK, dV accumulate in place. For bf16 every
+// block operand is widened to fp32 in team scratch first, so the block code below runs on
+// float exactly as for a float call; dK and dV accumulate in fp32 scratch per key block and
+// dQ in fp32 level-1 scratch over the whole call, each rounded to bf16 once, when stored.
 #include "kernels/attention.hpp"
 
 #include <cmath>
@@ -15,6 +21,7 @@
 #include "kernels/detail_math.hpp"
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::kernels {
 namespace {
@@ -56,7 +63,7 @@ int check_qkv(const std::string& fn, const CHeads<T>& q, const CHeads<T>& k, con
 
 template <class T>
 void check_backward_args(const Heads<T>& dq, const Heads<T>& dk, const Heads<T>& dv,
-                         const CVec<T>& dout, const CVec<T>& out, const CVec<T>& lse,
+                         const CVec<T>& dout, const CVec<T>& out, const CVec<accumulate_t<T>>& lse,
                          const CHeads<T>& q, const CHeads<T>& k, const CHeads<T>& v, int B, int Tq,
                          int Tk, int NH, int HS, const AttentionConfig& cfg) {
   const int C = check_qkv<T>("attention_backward", q, k, v, B, Tq, Tk, NH, HS, cfg);
@@ -91,16 +98,26 @@ KOKKOS_INLINE_FUNCTION bool block_masked(bool causal, int q_pos_last, int k_pos_
 using Team = Kokkos::TeamPolicy<Kokkos::Schedule<Kokkos::Dynamic>>;
 using Member = Team::member_type;
 
-// A league of `teams` teams with `scratch_elems` elements of T each in level-0 scratch. One
-// thread per team on the host: the teams are the parallelism, and a block's loops vectorise.
+// True when T is a storage type whose arithmetic is done in a wider type (bf16): the kernels
+// then widen their operands into scratch and round their results once, where they store.
 template <class T>
-Team team_policy(int teams, std::size_t scratch_elems) {
-  return Team(teams, 1).set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)));
+constexpr bool kWidened = !std::is_same_v<T, accumulate_t<T>>;
+
+// A league of `teams` teams with `scratch_elems` elements of T each in level-0 scratch (and
+// `level1_elems` in level-1 scratch, when nonzero). One thread per team on the host: the
+// teams are the parallelism, and a block's loops vectorise.
+template <class T>
+Team team_policy(int teams, std::size_t scratch_elems, std::size_t level1_elems = 0) {
+  if (level1_elems == 0)
+    return Team(teams, 1).set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)));
+  return Team(teams, 1)
+      .set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)))
+      .set_scratch_size(1, Kokkos::PerTeam(level1_elems * sizeof(T)));
 }
 
 template <class T>
-KOKKOS_INLINE_FUNCTION T* scratch(const Member& m, std::size_t elems) {
-  return static_cast<T*>(m.team_scratch(0).get_shmem(elems * sizeof(T)));
+KOKKOS_INLINE_FUNCTION T* scratch(const Member& m, std::size_t elems, int level = 0) {
+  return static_cast<T*>(m.team_scratch(level).get_shmem(elems * sizeof(T)));
 }
 
 // The block products, on raw rows, R rows at a time: y[u] (n) [=] alpha x[u] (k) @ M (k, n)
@@ -223,13 +240,37 @@ KOKKOS_INLINE_FUNCTION void row_groups(const Member& m, int n, const F& f) {
   });
 }
 
-// bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld).
-template <class T>
-KOKKOS_INLINE_FUNCTION void pack_transposed(const Member& m, T* bt, const T* src, int ld, int n,
+// bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld), widened to A.
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION void pack_transposed(const Member& m, A* bt, const T* src, int ld, int n,
                                             int k) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int c) {
     const T* row = src + std::size_t(c) * ld;
-    for (int d = 0; d < k; ++d) bt[std::size_t(d) * n + c] = row[d];
+    for (int d = 0; d < k; ++d) bt[std::size_t(d) * n + c] = A(row[d]);
+  });
+}
+
+// dst: (n, k) rows k apart [=] the (n, k) rows src (row stride ld) widened to A, or zero
+// when !keep (a fresh accumulator).
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION void pack_rows(const Member& m, A* dst, const T* src, int ld, int n, int k,
+                                      bool keep = true) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
+    const T* row = src + std::size_t(r) * ld;
+    A* const o = dst + std::size_t(r) * k;
+    for (int d = 0; d < k; ++d) o[d] = keep ? A(row[d]) : A(0);
+  });
+}
+
+// dst: (n, k) rows ld apart [=] the (n, k) rows src (k apart) rounded to T: an accumulator's
+// one rounding.
+template <class T, class A>
+KOKKOS_INLINE_FUNCTION void store_rows(const Member& m, T* dst, int ld, const A* src, int n,
+                                       int k) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
+    T* const row = dst + std::size_t(r) * ld;
+    const A* const s = src + std::size_t(r) * k;
+    for (int d = 0; d < k; ++d) row[d] = T(s[d]);
   });
 }
 
@@ -267,12 +308,30 @@ KOKKOS_INLINE_FUNCTION void softmax_backward_row(T* p, T* ds, int nv, int nk, T 
   for (int c = nv; c < nk; ++c) p[c] = ds[c] = T(0);
 }
 
-// D (n) [=] rowsum(dO * O) over a block's n rows (both C apart, HS columns), by the team.
-template <class T>
-KOKKOS_INLINE_FUNCTION void rowsum_dout_out(const Member& m, T* D, const T* dout, const T* out,
-                                            int C, int n, int HS) {
+// sum_i x[i] y[i] in A: detail::row_dot when both are A, else the same sum on y widened.
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION A row_dot_widened(const A* x, const T* y, int n) {
+  if constexpr (std::is_same_v<T, A>) {
+    return detail::row_dot(x, y, n);
+  } else {
+    A acc[detail::kLanes] = {};
+    int i = 0;
+    for (; i + detail::kLanes <= n; i += detail::kLanes)
+      for (int l = 0; l < detail::kLanes; ++l) acc[l] += x[i + l] * A(y[i + l]);
+    A s = 0;
+    for (; i < n; ++i) s += x[i] * A(y[i]);
+    for (int l = 0; l < detail::kLanes; ++l) s += acc[l];
+    return s;
+  }
+}
+
+// D (n) [=] rowsum(dO * O) over a block's n rows (dO's dout_ld apart, O's out_ld apart, HS
+// columns), by the team.
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION void rowsum_dout_out(const Member& m, A* D, const A* dout, int dout_ld,
+                                            const T* out, int out_ld, int n, int HS) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
-    D[r] = detail::row_dot(dout + std::size_t(r) * C, out + std::size_t(r) * C, HS);
+    D[r] = row_dot_widened(dout + std::size_t(r) * dout_ld, out + std::size_t(r) * out_ld, HS);
   });
 }
 
@@ -340,7 +399,7 @@ struct BackwardBlock {
   const T* k;
   T* dk;
   T* dv;
-  int q_ld, dq_ld, C, k_ld, dk_ld, dv_ld;  // row strides; dO's is C
+  int q_ld, dq_ld, dout_ld, k_ld, dk_ld, dv_ld;  // row strides
   int nq, nk, HS, q_pos_first, k_pos_first;
   bool causal;
   T scale, neg_inf;
@@ -364,7 +423,7 @@ KOKKOS_INLINE_FUNCTION void backward_query_rows(const BackwardBlock<T> f, int r0
     dsr[u] = ds[u];
     dqr[u] = f.dq + std::size_t(r) * f.dq_ld;
     qr[u] = f.q + std::size_t(r) * f.q_ld;
-    dor[u] = f.dout + std::size_t(r) * f.C;
+    dor[u] = f.dout + std::size_t(r) * f.dout_ld;
     nv[u] =
         f.lse[r] == f.neg_inf ? 0 : visible_keys(f.causal, f.q_pos_first + r, f.k_pos_first, f.nk);
     kmax = nv[u] > kmax ? nv[u] : kmax;
@@ -398,7 +457,8 @@ KOKKOS_INLINE_FUNCTION void backward_key_columns(const BackwardBlock<T> f, int c
     dsc[u] = f.ds + std::size_t(r_first) * f.nk + c;
   }
   const int rows = f.nq - r_first;
-  vec_mat<T, R>(dvc, pc, f.nk, f.dout + std::size_t(r_first) * f.C, f.C, rows, f.HS, T(1), T(1));
+  vec_mat<T, R>(dvc, pc, f.nk, f.dout + std::size_t(r_first) * f.dout_ld, f.dout_ld, rows, f.HS,
+                T(1), T(1));
   vec_mat<T, R>(dkc, dsc, f.nk, f.q + std::size_t(r_first) * f.q_ld, f.q_ld, rows, f.HS, T(1),
                 T(1));
 }
@@ -412,8 +472,9 @@ std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg) {
 }
 
 template <class T>
-void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq,
-                       int Tk, int NH, int HS, const AttentionConfig& cfg) {
+void attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v,
+                       int B, int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg) {
+  using A = accumulate_t<T>;
   const int C = check_qkv<T>("attention_forward", q, k, v, B, Tq, Tk, NH, HS, cfg);
   require_len("attention_forward out", out.extent(0), std::size_t(B) * Tq * C);
   require_len("attention_forward lse", lse.extent(0), std::size_t(B) * NH * Tq);
@@ -423,60 +484,85 @@ void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<
   const int bk = block_rows(cfg.k_block, Tk);
   const int q_blocks = (Tq + bq - 1) / bq;
   // scratch: K_blk^T (HS, bk) | scores/probabilities (bq, bk) | output accumulator (bq, HS)
-  //          | running max (bq) | running sum (bq)
-  const std::size_t kt_off = 0, s_off = std::size_t(HS) * bk, acc_off = s_off + std::size_t(bq) * bk,
-                    m_off = acc_off + std::size_t(bq) * HS, l_off = m_off + bq, elems = l_off + bq;
-  const T scale = T(1) / std::sqrt(T(HS));
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  //          | running max (bq) | running sum (bq), all in A;
+  //          widened (bf16) only: Q_blk (bq, HS) | V_blk (bk, HS) in A
+  const std::size_t kt_off = 0, s_off = std::size_t(HS) * bk,
+                    acc_off = s_off + std::size_t(bq) * bk, m_off = acc_off + std::size_t(bq) * HS,
+                    l_off = m_off + bq, elems = l_off + bq;
+  const std::size_t qw_off = elems, vw_off = qw_off + std::size_t(bq) * HS,
+                    scratch_elems = kWidened<T> ? vw_off + std::size_t(bk) * HS : elems;
+  const A scale = A(1) / std::sqrt(A(HS));
+  const A neg_inf = -std::numeric_limits<A>::infinity();
   const bool causal = cfg.causal;
   const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
   Kokkos::parallel_for(
-      "ptrain::attention_forward", team_policy<T>(B * NH * q_blocks, elems),
+      "ptrain::attention_forward", team_policy<A>(B * NH * q_blocks, scratch_elems),
       KOKKOS_LAMBDA(const Member& team) {
         // team = (b*NH + h)*q_blocks + query block
         const int qb = team.league_rank() % q_blocks, bh = team.league_rank() / q_blocks;
         const int h = bh % NH, b = bh / NH, i0 = qb * bq;
         const int nq = i0 + bq <= Tq ? bq : Tq - i0;
         const int q_pos_first = q_pos0 + i0;
-        T* const w = scratch<T>(team, elems);
-        const T* const qp = q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS;
+        A* const w = scratch<A>(team, scratch_elems);
+        const T* const qg = q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS;
+        // The query block's rows as the products read them: in place, or widened (bf16).
+        const A* qp;
+        int q_ld;
+        if constexpr (kWidened<T>) {
+          pack_rows(team, w + qw_off, qg, q.ld, nq, HS);
+          qp = w + qw_off;
+          q_ld = HS;
+        } else {
+          qp = qg;
+          q_ld = q.ld;
+        }
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
           w[m_off + r] = neg_inf;
-          w[l_off + r] = T(0);
-          for (int d = 0; d < HS; ++d) w[acc_off + std::size_t(r) * HS + d] = T(0);
+          w[l_off + r] = A(0);
+          for (int d = 0; d < HS; ++d) w[acc_off + std::size_t(r) * HS + d] = A(0);
         });
         for (int j0 = 0; j0 < Tk; j0 += bk) {
           const int nk = j0 + bk <= Tk ? bk : Tk - j0;
           const int k_pos_first = k_pos0 + j0;
           if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
           const T* const kp = k.view.data() + k.at(b, j0, Tk) + std::size_t(h) * HS;
-          const T* const vp = v.view.data() + v.at(b, j0, Tk) + std::size_t(h) * HS;
+          const T* const vg = v.view.data() + v.at(b, j0, Tk) + std::size_t(h) * HS;
           team.team_barrier();
           pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
+          const A* vp;
+          int v_ld;
+          if constexpr (kWidened<T>) {
+            pack_rows(team, w + vw_off, vg, v.ld, nk, HS);
+            vp = w + vw_off;
+            v_ld = HS;
+          } else {
+            vp = vg;
+            v_ld = v.ld;
+          }
           team.team_barrier();
-          const ForwardBlock<T> blk{
-              w + s_off, w + acc_off, w + m_off, w + l_off,   w + kt_off,  qp,     vp,    q.ld,
-              v.ld,      nk,          HS,        q_pos_first, k_pos_first, causal, scale, neg_inf};
+          const ForwardBlock<A> blk{
+              w + s_off, w + acc_off, w + m_off, w + l_off,   w + kt_off,  qp,     vp,    q_ld,
+              v_ld,      nk,          HS,        q_pos_first, k_pos_first, causal, scale, neg_inf};
           row_groups(team, nq,
-                     [&](auto rows, int r0) { forward_rows<T, decltype(rows)::value>(blk, r0); });
+                     [&](auto rows, int r0) { forward_rows<A, decltype(rows)::value>(blk, r0); });
         }
         T* const outp = out.data() + (std::size_t(b) * Tq + i0) * C + std::size_t(h) * HS;
-        T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
+        A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-          const T l = w[l_off + r];
-          const T* acc = w + acc_off + std::size_t(r) * HS;
+          const A l = w[l_off + r];
+          const A* acc = w + acc_off + std::size_t(r) * HS;
           T* o = outp + std::size_t(r) * C;
-          const T inv = l > T(0) ? T(1) / l : T(0);
-          for (int d = 0; d < HS; ++d) o[d] = acc[d] * inv;
-          lsep[r] = l > T(0) ? w[m_off + r] + detail::log_(l) : neg_inf;
+          const A inv = l > A(0) ? A(1) / l : A(0);
+          for (int d = 0; d < HS; ++d) o[d] = T(acc[d] * inv);
+          lsep[r] = l > A(0) ? w[m_off + r] + detail::log_(l) : neg_inf;
         });
       });
 }
 
 template <class T>
-void attention_forward(Vec<T> out, Vec<T> lse, CVec<T> qkv, int B, int T_, int NH, int HS,
-                       const AttentionConfig& cfg) {
+void attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CVec<T> qkv, int B, int T_, int NH,
+                       int HS, const AttentionConfig& cfg) {
   const int C = NH * HS;
   attention_forward<T>(out, lse, qkv_part<const T>(qkv, 0, C), qkv_part<const T>(qkv, 1, C),
                        qkv_part<const T>(qkv, 2, C), B, T_, T_, NH, HS, cfg);
@@ -484,8 +570,10 @@ void attention_forward(Vec<T> out, Vec<T> lse, CVec<T> qkv, int B, int T_, int N
 
 template <class T>
 void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVec<T> out,
-                        CVec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq, int Tk,
-                        int NH, int HS, const AttentionConfig& cfg, bool accumulate) {
+                        CVec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B,
+                        int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg,
+                        bool accumulate) {
+  using A = accumulate_t<T>;
   check_backward_args(dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, NH, HS, cfg);
   const int C = NH * HS;
   if (B == 0) return;
@@ -493,26 +581,42 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
   const int bq = block_rows(cfg.q_block, Tq);
   const int bk = block_rows(cfg.k_block, Tk);
   // scratch: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk)
-  //          | D = rowsum(dO * O) (bq)
+  //          | D = rowsum(dO * O) (bq), all in A;
+  //          widened (bf16) only: K_blk (bk, HS) | Q_blk (bq, HS) | dO_blk (bq, HS)
+  //          | dK_blk, dV_blk accumulators (bk, HS) each, in A; and in level-1 scratch the
+  //          head's dQ accumulator (Tq, HS) in A
   const std::size_t kt_off = 0, vt_off = std::size_t(HS) * bk, p_off = 2 * vt_off,
                     ds_off = p_off + std::size_t(bq) * bk, d_off = ds_off + std::size_t(bq) * bk,
                     elems = d_off + bq;
-  const T scale = T(1) / std::sqrt(T(HS));
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const std::size_t kw_off = elems, qw_off = kw_off + std::size_t(bk) * HS,
+                    dow_off = qw_off + std::size_t(bq) * HS,
+                    dkw_off = dow_off + std::size_t(bq) * HS,
+                    dvw_off = dkw_off + std::size_t(bk) * HS,
+                    scratch_elems = kWidened<T> ? dvw_off + std::size_t(bk) * HS : elems,
+                    dq_elems = kWidened<T> ? std::size_t(Tq) * HS : 0;
+  const A scale = A(1) / std::sqrt(A(HS));
+  const A neg_inf = -std::numeric_limits<A>::infinity();
   const bool causal = cfg.causal;
   const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
   Kokkos::parallel_for(
-      "ptrain::attention_backward", team_policy<T>(B * NH, elems),
+      "ptrain::attention_backward", team_policy<A>(B * NH, scratch_elems, dq_elems),
       KOKKOS_LAMBDA(const Member& team) {
         const int h = team.league_rank() % NH, b = team.league_rank() / NH;
         const std::size_t head = std::size_t(h) * HS;
-        T* const w = scratch<T>(team, elems);
-        // This team's rows of dq, dk and dv: zeroed unless accumulating.
-        if (!accumulate) {
-          zero_head_rows(team, dq, b, Tq, head, HS);
-          zero_head_rows(team, dk, b, Tk, head, HS);
-          zero_head_rows(team, dv, b, Tk, head, HS);
+        A* const w = scratch<A>(team, scratch_elems);
+        // Widened: the head's dQ accumulator, from dq (accumulate) or zero.
+        A* dqw = nullptr;
+        if constexpr (kWidened<T>) {
+          dqw = scratch<A>(team, dq_elems, 1);
+          pack_rows(team, dqw, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, Tq, HS, accumulate);
+        } else {
+          // This team's rows of dq, dk and dv: zeroed unless accumulating.
+          if (!accumulate) {
+            zero_head_rows(team, dq, b, Tq, head, HS);
+            zero_head_rows(team, dk, b, Tk, head, HS);
+            zero_head_rows(team, dv, b, Tk, head, HS);
+          }
         }
         const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
         // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
@@ -520,47 +624,96 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
         for (int j0 = 0; j0 < Tk; j0 += bk) {
           const int nk = j0 + bk <= Tk ? bk : Tk - j0;
           const int k_pos_first = k_pos0 + j0;
-          const T* const kp = k.view.data() + k.at(b, j0, Tk) + head;
+          const T* const kg = k.view.data() + k.at(b, j0, Tk) + head;
           const T* const vp = v.view.data() + v.at(b, j0, Tk) + head;
-          T* const dkp = dk.view.data() + dk.at(b, j0, Tk) + head;
-          T* const dvp = dv.view.data() + dv.at(b, j0, Tk) + head;
+          T* const dkg = dk.view.data() + dk.at(b, j0, Tk) + head;
+          T* const dvg = dv.view.data() + dv.at(b, j0, Tk) + head;
           team.team_barrier();
-          pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
+          pack_transposed(team, w + kt_off, kg, k.ld, nk, HS);
           pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
+          // The key block's rows of K, dK and dV as the products use them: in place, or (bf16)
+          // K widened and dK, dV accumulators from dk, dv (accumulate) or zero.
+          const A* kp;
+          A* dkp;
+          A* dvp;
+          int k_ld, dk_ld, dv_ld;
+          if constexpr (kWidened<T>) {
+            pack_rows(team, w + kw_off, kg, k.ld, nk, HS);
+            pack_rows(team, w + dkw_off, dkg, dk.ld, nk, HS, accumulate);
+            pack_rows(team, w + dvw_off, dvg, dv.ld, nk, HS, accumulate);
+            kp = w + kw_off;
+            dkp = w + dkw_off;
+            dvp = w + dvw_off;
+            k_ld = dk_ld = dv_ld = HS;
+          } else {
+            kp = kg;
+            dkp = dkg;
+            dvp = dvg;
+            k_ld = k.ld;
+            dk_ld = dk.ld;
+            dv_ld = dv.ld;
+          }
           for (int i0 = 0; i0 < Tq; i0 += bq) {
             const int nq = i0 + bq <= Tq ? bq : Tq - i0;
             const int q_pos_first = q_pos0 + i0;
             if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) continue;
-            const T* const qp = q.view.data() + q.at(b, i0, Tq) + head;
-            T* const dqp = dq.view.data() + dq.at(b, i0, Tq) + head;
-            const T* const doutp = dout.data() + o_head + std::size_t(i0) * C;
+            const T* const qg = q.view.data() + q.at(b, i0, Tq) + head;
+            const T* const doutg = dout.data() + o_head + std::size_t(i0) * C;
             const T* const outp = out.data() + o_head + std::size_t(i0) * C;
-            const T* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
+            const A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
             team.team_barrier();
+            const A* qp;
+            A* dqp;
+            const A* doutp;
+            int q_ld, dq_ld, dout_ld;
+            if constexpr (kWidened<T>) {
+              pack_rows(team, w + qw_off, qg, q.ld, nq, HS);
+              pack_rows(team, w + dow_off, doutg, C, nq, HS);
+              qp = w + qw_off;
+              dqp = dqw + std::size_t(i0) * HS;
+              doutp = w + dow_off;
+              q_ld = dq_ld = dout_ld = HS;
+            } else {
+              qp = qg;
+              dqp = dq.view.data() + dq.at(b, i0, Tq) + head;
+              doutp = doutg;
+              q_ld = q.ld;
+              dq_ld = dq.ld;
+              dout_ld = C;
+            }
             // D again for each key block: a (bq, HS) pass, against scratch that stays a few
             // blocks whatever the sequence length.
-            rowsum_dout_out(team, w + d_off, doutp, outp, C, nq, HS);
+            rowsum_dout_out(team, w + d_off, doutp, dout_ld, outp, C, nq, HS);
             team.team_barrier();
-            const BackwardBlock<T> blk{
+            const BackwardBlock<A> blk{
                 w + p_off,   w + ds_off,  w + d_off, w + kt_off, w + vt_off, qp,   dqp,
-                doutp,       lsep,        kp,        dkp,        dvp,        q.ld, dq.ld,
-                C,           k.ld,        dk.ld,     dv.ld,      nq,         nk,   HS,
+                doutp,       lsep,        kp,        dkp,        dvp,        q_ld, dq_ld,
+                dout_ld,     k_ld,        dk_ld,     dv_ld,      nq,         nk,   HS,
                 q_pos_first, k_pos_first, causal,    scale,      neg_inf};
             row_groups(team, nq, [&](auto rows, int r0) {
-              backward_query_rows<T, decltype(rows)::value>(blk, r0);
+              backward_query_rows<A, decltype(rows)::value>(blk, r0);
             });
             team.team_barrier();
             row_groups(team, nk, [&](auto cols, int c0) {
-              backward_key_columns<T, decltype(cols)::value>(blk, c0);
+              backward_key_columns<A, decltype(cols)::value>(blk, c0);
             });
           }
+          if constexpr (kWidened<T>) {  // the key block's dK and dV, rounded once
+            team.team_barrier();
+            store_rows(team, dkg, dk.ld, w + dkw_off, nk, HS);
+            store_rows(team, dvg, dv.ld, w + dvw_off, nk, HS);
+          }
+        }
+        if constexpr (kWidened<T>) {  // the head's dQ, rounded once
+          team.team_barrier();
+          store_rows(team, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, dqw, Tq, HS);
         }
       });
 }
 
 template <class T>
-void attention_backward(Vec<T> dqkv, CVec<T> dout, CVec<T> out, CVec<T> lse, CVec<T> qkv, int B,
-                        int T_, int NH, int HS, const AttentionConfig& cfg) {
+void attention_backward(Vec<T> dqkv, CVec<T> dout, CVec<T> out, CVec<accumulate_t<T>> lse,
+                        CVec<T> qkv, int B, int T_, int NH, int HS, const AttentionConfig& cfg) {
   const int C = NH * HS;
   attention_backward<T>(qkv_part<T>(dqkv, 0, C), qkv_part<T>(dqkv, 1, C), qkv_part<T>(dqkv, 2, C),
                         dout, out, lse, qkv_part<const T>(qkv, 0, C), qkv_part<const T>(qkv, 1, C),
@@ -568,20 +721,21 @@ void attention_backward(Vec<T> dqkv, CVec<T> dout, CVec<T> out, CVec<T> lse, CVe
 }
 
 template <class T>
-void attention_merge(Vec<T> out_a, Vec<T> lse_a, CVec<T> out_b, CVec<T> lse_b, int B, int T_,
-                     int NH, int HS) {
+void attention_merge(Vec<T> out_a, Vec<accumulate_t<T>> lse_a, CVec<T> out_b,
+                     CVec<accumulate_t<T>> lse_b, int B, int T_, int NH, int HS) {
+  using A = accumulate_t<T>;
   const int C = NH * HS;
   require_len("attention_merge out_a", out_a.extent(0), std::size_t(B) * T_ * C);
   require_len("attention_merge out_b", out_b.extent(0), std::size_t(B) * T_ * C);
   require_len("attention_merge lse_a", lse_a.extent(0), std::size_t(B) * NH * T_);
   require_len("attention_merge lse_b", lse_b.extent(0), std::size_t(B) * NH * T_);
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const A neg_inf = -std::numeric_limits<A>::infinity();
   Kokkos::parallel_for(
       "ptrain::attention_merge", B * NH * T_, KOKKOS_LAMBDA(int i) {
         // i = (b*NH + h)*T + t, the lse index
         const int t = i % T_, bh = i / T_, h = bh % NH, b = bh / NH;
-        const T la = lse_a(i), lb = lse_b(i);
-        const T m = la > lb ? la : lb;
+        const A la = lse_a(i), lb = lse_b(i);
+        const A m = la > lb ? la : lb;
         T* oa = out_a.data() + (std::size_t(b) * T_ + t) * C + std::size_t(h) * HS;
         const T* ob = out_b.data() + (std::size_t(b) * T_ + t) * C + std::size_t(h) * HS;
         if (m == neg_inf) {  // neither part saw a key
@@ -589,27 +743,29 @@ void attention_merge(Vec<T> out_a, Vec<T> lse_a, CVec<T> out_b, CVec<T> lse_b, i
           lse_a(i) = neg_inf;
           return;
         }
-        const T wa = la == neg_inf ? T(0) : detail::exp_(la - m);
-        const T wb = lb == neg_inf ? T(0) : detail::exp_(lb - m);
-        const T sum = wa + wb, ia = wa / sum, ib = wb / sum;
-        for (int d = 0; d < HS; ++d) oa[d] = ia * oa[d] + ib * ob[d];
+        const A wa = la == neg_inf ? A(0) : detail::exp_(la - m);
+        const A wb = lb == neg_inf ? A(0) : detail::exp_(lb - m);
+        const A sum = wa + wb, ia = wa / sum, ib = wb / sum;
+        for (int d = 0; d < HS; ++d) oa[d] = T(ia * A(oa[d]) + ib * A(ob[d]));
         lse_a(i) = m + detail::log_(sum);
       });
 }
 
-#define PTRAIN_INSTANTIATE(T)                                                                    \
-  template void attention_forward<T>(Vec<T>, Vec<T>, CHeads<T>, CHeads<T>, CHeads<T>, int, int,  \
-                                     int, int, int, const AttentionConfig&);                     \
-  template void attention_forward<T>(Vec<T>, Vec<T>, CVec<T>, int, int, int, int,                \
-                                     const AttentionConfig&);                                    \
-  template void attention_backward<T>(Heads<T>, Heads<T>, Heads<T>, CVec<T>, CVec<T>, CVec<T>,   \
-                                      CHeads<T>, CHeads<T>, CHeads<T>, int, int, int, int, int,  \
-                                      const AttentionConfig&, bool);                             \
-  template void attention_backward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<T>, CVec<T>, int, int, int, \
-                                      int, const AttentionConfig&);                              \
-  template void attention_merge<T>(Vec<T>, Vec<T>, CVec<T>, CVec<T>, int, int, int, int);
+#define PTRAIN_INSTANTIATE(T)                                                                      \
+  template void attention_forward<T>(Vec<T>, Vec<accumulate_t<T>>, CHeads<T>, CHeads<T>,           \
+                                     CHeads<T>, int, int, int, int, int, const AttentionConfig&);  \
+  template void attention_forward<T>(Vec<T>, Vec<accumulate_t<T>>, CVec<T>, int, int, int, int,    \
+                                     const AttentionConfig&);                                      \
+  template void attention_backward<T>(Heads<T>, Heads<T>, Heads<T>, CVec<T>, CVec<T>,              \
+                                      CVec<accumulate_t<T>>, CHeads<T>, CHeads<T>, CHeads<T>, int, \
+                                      int, int, int, int, const AttentionConfig&, bool);           \
+  template void attention_backward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<accumulate_t<T>>, CVec<T>,    \
+                                      int, int, int, int, const AttentionConfig&);                 \
+  template void attention_merge<T>(Vec<T>, Vec<accumulate_t<T>>, CVec<T>, CVec<accumulate_t<T>>,   \
+                                   int, int, int, int);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)
+PTRAIN_INSTANTIATE(bf16)
 #undef PTRAIN_INSTANTIATE
 
 }  // namespace ptrain::kernels

@@ -4,11 +4,20 @@
 // ring steps) merge exactly with attention_merge. The backward recomputes the
 // probabilities from lse. No (T, T) matrix is ever formed: each call is one Kokkos team
 // kernel whose teams keep (q_block, k_block) blocks in team scratch.
+//
+// Element types: T = double, float or bf16 is the storage of q, k, v, out, dout, dq, dk and dv;
+// the arithmetic (scores, the online softmax, the block products, D = rowsum(dO * O), dS and
+// the accumulation of dQ, dK and dV) is done in accumulate_t<T>, fp32 for bf16, with team
+// scratch in that type; each bf16 output is rounded once, when stored. The log-sum-exp lse
+// is in accumulate_t<T> too (fp32 for bf16): the backward and attention_merge read it back,
+// and a bf16 lse, off by up to 2^-8 |lse|, would scale probabilities by up to exp(2^-8 |lse|).
+// For float and double nothing is converted.
 #pragma once
 #include <cstddef>
 #include <type_traits>
 
 #include "kernels/view.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::kernels {
 
@@ -60,33 +69,38 @@ std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg);
 // Scaled dot-product attention, scale 1/sqrt(HS), of queries q (B, Tq, NH*HS) against
 // keys k and values v (B, Tk, NH*HS). NH is this rank's heads (tensor parallel splits them).
 // out: (B, Tq, NH*HS) [=]; lse: (B, NH, Tq) [=] log sum_j exp(scale q.k_j) over the unmasked
-// keys. A query row with no unmasked key gets out = 0 and lse = -inf.
+// keys, in accumulate_t<T> (fp32 for bf16). A query row with no unmasked key gets out = 0 and
+// lse = -inf.
 template <class T>
-void attention_forward(Vec<T> out, Vec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq,
-                       int Tk, int NH, int HS, const AttentionConfig& cfg = {});
+void attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v,
+                       int B, int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg = {});
 // The same on a qkv buffer (B, T, 3*NH*HS) (queries and keys the same T positions).
 template <class T>
-void attention_forward(Vec<T> out, Vec<T> lse, CVec<T> qkv, int B, int seq_len, int NH, int HS,
-                       const AttentionConfig& cfg = {});
+void attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CVec<T> qkv, int B, int seq_len,
+                       int NH, int HS, const AttentionConfig& cfg = {});
 
 // Backward of attention_forward. dout, out: (B, Tq, NH*HS), lse: (B, NH, Tq) — with
 // context parallelism the merged (final) out and lse, so that calling this once per key
 // chunk yields that chunk's exact contributions. dq: (B, Tq, ..) and dk, dv: (B, Tk, ..)
-// [=] (zeroed first) or, with accumulate, [+=].
+// [=] (zeroed first) or, with accumulate, [+=]. For bf16 the call's whole contribution is
+// summed in fp32 and each element stored once: bf16(float(old) + contribution) with accumulate.
 template <class T>
 void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVec<T> out,
-                        CVec<T> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B, int Tq, int Tk,
-                        int NH, int HS, const AttentionConfig& cfg = {}, bool accumulate = false);
+                        CVec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B,
+                        int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg = {},
+                        bool accumulate = false);
 // The same on qkv buffers: dqkv (B, T, 3*NH*HS) [=].
 template <class T>
-void attention_backward(Vec<T> dqkv, CVec<T> dout, CVec<T> out, CVec<T> lse, CVec<T> qkv, int B,
-                        int seq_len, int NH, int HS, const AttentionConfig& cfg = {});
+void attention_backward(Vec<T> dqkv, CVec<T> dout, CVec<T> out, CVec<accumulate_t<T>> lse,
+                        CVec<T> qkv, int B, int seq_len, int NH, int HS,
+                        const AttentionConfig& cfg = {});
 
 // Merges two attentions of the same queries over disjoint key sets A and B into the
 // attention over A u B: (out_a, lse_a) [=] merge((out_a, lse_a), (out_b, lse_b)).
-// out: (B, T, NH*HS), lse: (B, NH, T).
+// out: (B, T, NH*HS), lse: (B, NH, T) in accumulate_t<T>; for bf16 the merge is fp32 and
+// out_a is rounded once.
 template <class T>
-void attention_merge(Vec<T> out_a, Vec<T> lse_a, CVec<T> out_b, CVec<T> lse_b, int B, int seq_len,
-                     int NH, int HS);
+void attention_merge(Vec<T> out_a, Vec<accumulate_t<T>> lse_a, CVec<T> out_b,
+                     CVec<accumulate_t<T>> lse_b, int B, int seq_len, int NH, int HS);
 
 }  // namespace ptrain::kernels

@@ -4,13 +4,15 @@
 //   libm call does not vectorize and dominated the softmax, cross-entropy and GELU
 //   kernels); double and device code use the library functions.
 // - Row reductions (sum, max, dot) keep 16 independent partial results so the compiler
-//   vectorizes them without reassociating floating point (-ffast-math is not used).
+//   vectorizes them without reassociating floating point (-ffast-math is not used). They read
+//   a storage type T and return its accumulate type (util/precision.hpp: fp32 for bf16).
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <cstring>
 
 #include "util/kmath.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::kernels::detail {
 
@@ -93,56 +95,64 @@ KOKKOS_INLINE_FUNCTION T sqrt_(T x) {
 constexpr int kLanes = 16;
 
 // sum_i x[i]
-template <class T>
-KOKKOS_INLINE_FUNCTION T row_sum(const T* x, int n) {
-  T acc[kLanes] = {};
+template <class T, class A = accumulate_t<T>>
+KOKKOS_INLINE_FUNCTION A row_sum(const T* x, int n) {
+  A acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l];
-  T s = 0;
-  for (; i < n; ++i) s += x[i];
+    for (int l = 0; l < kLanes; ++l) acc[l] += A(x[i + l]);
+  A s = 0;
+  for (; i < n; ++i) s += A(x[i]);
   for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
 }
 
 // sum_i x[i] y[i]
-template <class T>
-KOKKOS_INLINE_FUNCTION T row_dot(const T* x, const T* y, int n) {
-  T acc[kLanes] = {};
+template <class T, class A = accumulate_t<T>>
+KOKKOS_INLINE_FUNCTION A row_dot(const T* x, const T* y, int n) {
+  A acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * y[i + l];
-  T s = 0;
-  for (; i < n; ++i) s += x[i] * y[i];
+    for (int l = 0; l < kLanes; ++l) acc[l] += A(x[i + l]) * A(y[i + l]);
+  A s = 0;
+  for (; i < n; ++i) s += A(x[i]) * A(y[i]);
   for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
 }
 
 // max_i x[i]; `init` for n == 0 (and as a lower bound).
-template <class T>
-KOKKOS_INLINE_FUNCTION T row_max(const T* x, int n, T init) {
-  T acc[kLanes];
+template <class T, class A = accumulate_t<T>>
+KOKKOS_INLINE_FUNCTION A row_max(const T* x, int n, accumulate_t<T> init) {
+  A acc[kLanes];
   for (int l = 0; l < kLanes; ++l) acc[l] = init;
   int i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
-  T m = init;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    for (int l = 0; l < kLanes; ++l) acc[l] = A(x[i + l]) > acc[l] ? A(x[i + l]) : acc[l];
+  A m = init;
+  for (; i < n; ++i) m = A(x[i]) > m ? A(x[i]) : m;
   for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
   return m;
 }
 
 // sum_i exp(x[i] * scale - shift)
-template <class T>
-KOKKOS_INLINE_FUNCTION T row_sum_exp(const T* x, int n, T scale, T shift) {
-  T acc[kLanes] = {};
+template <class T, class A = accumulate_t<T>>
+KOKKOS_INLINE_FUNCTION A row_sum_exp(const T* x, int n, accumulate_t<T> scale,
+                                     accumulate_t<T> shift) {
+  A acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += exp_(x[i + l] * scale - shift);
-  T s = 0;
-  for (; i < n; ++i) s += exp_(x[i] * scale - shift);
+    for (int l = 0; l < kLanes; ++l) acc[l] += exp_(A(x[i + l]) * scale - shift);
+  A s = 0;
+  for (; i < n; ++i) s += exp_(A(x[i]) * scale - shift);
   for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
+}
+
+// dst = dst + v in the accumulate type, rounded once to dst's type: `dst += v` for float
+// and double, a widening add for bf16.
+template <class G, class A>
+KOKKOS_INLINE_FUNCTION void add_to(G& dst, A v) {
+  dst = G(accumulate_t<G>(dst) + v);
 }
 
 }  // namespace ptrain::kernels::detail

@@ -52,12 +52,24 @@ void copy_strided(Vec<T> dst, const Strided& d, CVec<T> src, const Strided& s, i
 }
 
 template <class T>
-void axpy(Vec<T> y, T alpha, CVec<T> x) {
+void axpy(Vec<T> y, accumulate_t<T> alpha, CVec<T> x) {
+  using A = accumulate_t<T>;
   PTRAIN_REQUIRE(y.extent(0) == x.extent(0), "axpy: extents differ (", y.extent(0), " vs ",
                  x.extent(0), ")");
   Kokkos::parallel_for(
-      "ptrain::axpy", y.extent(0), KOKKOS_LAMBDA(std::size_t i) { y(i) += alpha * x(i); });
+      "ptrain::axpy", y.extent(0),
+      KOKKOS_LAMBDA(std::size_t i) { detail::add_to(y(i), alpha * A(x(i))); });
 }
+
+template <class To, class From>
+void cast(Vec<To> dst, CVec<From> src) {
+  PTRAIN_REQUIRE(dst.extent(0) == src.extent(0), "cast: extents differ (", dst.extent(0), " vs ",
+                 src.extent(0), ")");
+  Kokkos::parallel_for(
+      "ptrain::cast", dst.extent(0), KOKKOS_LAMBDA(std::size_t i) { dst(i) = To(src(i)); });
+}
+template void cast<bf16, float>(Vec<bf16>, CVec<float>);
+template void cast<float, bf16>(Vec<float>, CVec<bf16>);
 
 template <class T>
 double sum_of_squares(CVec<T> x) {
@@ -88,7 +100,10 @@ std::int64_t count_nonfinite(CVec<T> x) {
   std::int64_t n = 0;
   Kokkos::parallel_reduce(
       "ptrain::count_nonfinite", x.extent(0),
-      KOKKOS_LAMBDA(std::size_t i, std::int64_t& acc) { acc += kmath::isfinite(x(i)) ? 0 : 1; }, n);
+      KOKKOS_LAMBDA(std::size_t i, std::int64_t& acc) {
+        acc += kmath::isfinite(accumulate_t<T>(x(i))) ? 0 : 1;
+      },
+      n);
   return n;
 }
 
@@ -98,7 +113,10 @@ void residual_forward(Vec<T> out, CVec<T> a, CVec<T> b, std::size_t n) {
   require_len("residual_forward a", a.extent(0), n);
   require_len("residual_forward b", b.extent(0), n);
   Kokkos::parallel_for(
-      "ptrain::residual_forward", n, KOKKOS_LAMBDA(std::size_t i) { out(i) = a(i) + b(i); });
+      "ptrain::residual_forward", n, KOKKOS_LAMBDA(std::size_t i) {
+        using A = accumulate_t<T>;
+        out(i) = T(A(a(i)) + A(b(i)));
+      });
 }
 
 namespace {
@@ -112,9 +130,10 @@ void gelu_forward(Vec<T> out, CVec<T> inp, std::size_t n) {
   require_len("gelu_forward inp", inp.extent(0), n);
   Kokkos::parallel_for(
       "ptrain::gelu_forward", n, KOKKOS_LAMBDA(std::size_t i) {
-        const T x = inp(i);
-        const T u = T(kGeluScale) * (x + T(kGeluCubic) * x * x * x);
-        out(i) = T(0.5) * x * (T(1) + tanh_(u));
+        using A = accumulate_t<T>;
+        const A x = inp(i);
+        const A u = A(kGeluScale) * (x + A(kGeluCubic) * x * x * x);
+        out(i) = T(A(0.5) * x * (A(1) + tanh_(u)));
       });
 }
 
@@ -125,13 +144,14 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
   require_len("gelu_backward dout", dout.extent(0), n);
   Kokkos::parallel_for(
       "ptrain::gelu_backward", n, KOKKOS_LAMBDA(std::size_t i) {
-        const T x = inp(i);
-        const T u = T(kGeluScale) * (x + T(kGeluCubic) * x * x * x);
-        const T th = tanh_(u);
-        const T sech2 = T(1) - th * th;
-        const T du = T(kGeluScale) * (T(1) + T(3 * kGeluCubic) * x * x);
-        const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du;
-        dinp(i) = grad * dout(i);
+        using A = accumulate_t<T>;
+        const A x = inp(i);
+        const A u = A(kGeluScale) * (x + A(kGeluCubic) * x * x * x);
+        const A th = tanh_(u);
+        const A sech2 = A(1) - th * th;
+        const A du = A(kGeluScale) * (A(1) + A(3 * kGeluCubic) * x * x);
+        const A grad = A(0.5) * (A(1) + th) + A(0.5) * x * sech2 * du;
+        dinp(i) = T(grad * A(dout(i)));
       });
 }
 
@@ -139,7 +159,7 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
   template void fill<T>(Vec<T>, T);                                         \
   template void copy<T>(Vec<T>, CVec<T>);                                   \
   template void copy_strided<T>(Vec<T>, const Strided&, CVec<T>, const Strided&, int, int, int); \
-  template void axpy<T>(Vec<T>, T, CVec<T>);                                \
+  template void axpy<T>(Vec<T>, accumulate_t<T>, CVec<T>);                  \
   template double sum_of_squares<T>(CVec<T>);                               \
   template std::int64_t count_nonfinite<T>(CVec<T>);                        \
   template void residual_forward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t); \
@@ -147,6 +167,7 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
   template void gelu_backward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)
+PTRAIN_INSTANTIATE(bf16)
 #undef PTRAIN_INSTANTIATE
 
 }  // namespace ptrain::kernels

@@ -181,19 +181,21 @@ std::string blas_spin_warning(int kernel_threads, int blas_threads) {
   return "";
 }
 
-double measure_gemm_peak_gflops(double seconds) {
+namespace {
+template <class T>
+double probe(double seconds) {
   constexpr int M = 1024, K = 768, N = 3072;
-  TrackedView<float> a(MemCategory::workspace, "gemm_probe_a", std::size_t(M) * K);
-  TrackedView<float> b(MemCategory::workspace, "gemm_probe_b", std::size_t(N) * K);
-  TrackedView<float> c(MemCategory::workspace, "gemm_probe_c", std::size_t(M) * N);
-  Vec<float> av = a.view(), bv = b.view();
+  TrackedView<T> a(MemCategory::workspace, "gemm_probe_a", std::size_t(M) * K);
+  TrackedView<T> b(MemCategory::workspace, "gemm_probe_b", std::size_t(N) * K);
+  TrackedView<T> c(MemCategory::workspace, "gemm_probe_c", std::size_t(M) * N);
+  Vec<T> av = a.view(), bv = b.view();
   Kokkos::parallel_for(
       "ptrain::gemm_probe_init", a.size(),
-      KOKKOS_LAMBDA(std::size_t i) { av(i) = float(int(i % 7) - 3) * 0.01f; });
+      KOKKOS_LAMBDA(std::size_t i) { av(i) = T(float(int(i % 7) - 3) * 0.01f); });
   Kokkos::parallel_for(
       "ptrain::gemm_probe_init", b.size(),
-      KOKKOS_LAMBDA(std::size_t i) { bv(i) = float(int(i % 5) - 2) * 0.01f; });
-  auto once = [&] { gemm<float>(false, true, M, N, K, 1.0f, av, bv, 0.0f, c.view()); };
+      KOKKOS_LAMBDA(std::size_t i) { bv(i) = T(float(int(i % 5) - 2) * 0.01f); });
+  auto once = [&] { gemm<T>(false, true, M, N, K, 1.0f, av, bv, 0.0f, c.view()); };
   once();  // warm-up: thread start-up, page faults
   int calls = 0;
   const double t0 = wall_seconds();
@@ -204,6 +206,15 @@ double measure_gemm_peak_gflops(double seconds) {
     elapsed = wall_seconds() - t0;
   } while (elapsed < seconds);
   return 2.0 * M * N * K * calls / elapsed * 1e-9;
+}
+}  // namespace
+
+double measure_gemm_peak_gflops(double seconds, Precision operands) {
+  return operands == Precision::bf16 ? probe<bf16>(seconds) : probe<float>(seconds);
+}
+
+std::size_t gemm_workspace_bytes(Precision operands) {
+  return operands == Precision::bf16 ? 3 * std::size_t(kPanel) * kPanel * sizeof(float) : 0;
 }
 
 #define PTRAIN_INSTANTIATE_GEMM(T, Out)                                                          \

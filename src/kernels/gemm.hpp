@@ -18,9 +18,6 @@ namespace ptrain::kernels {
 // T is the operands' storage type and Out C's (T unless named): float and double as BLAS has
 // them; bf16 operands with fp32 accumulation and a bf16 or fp32 C (gemm<bf16, float> writes
 // parameter gradients kept in fp32). alpha and beta are in T's accumulate type.
-template <class Out>
-using OutVec = typename detail::NonDeduced<Kokkos::View<Out*>>::type;
-
 template <class T, class Out = T>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha,  //
           CVec<T> A, std::size_t a_offset, int lda,                                //
@@ -47,9 +44,15 @@ std::string blas_name();
 // without OMP_WAIT_POLICY and 3.4-3.7 s without either.
 std::string blas_spin_warning(int kernel_threads, int blas_threads);
 
-// Achieved sgemm rate (GFLOP/s) on this rank at the GPT-2 MLP shape M=1024, K=768,
-// N=3072 (C = A B^T as the linear layers call it): mean over repeated calls filling
-// about `seconds` after one warm-up call. The model's MFU is measured against it.
-double measure_gemm_peak_gflops(double seconds = 0.5);
+// Achieved gemm rate (GFLOP/s) on this rank at the GPT-2 MLP shape M=1024, K=768,
+// N=3072 (C = A B^T as the linear layers call it), with operands of type `operands`
+// (sgemm for fp32; fp64 runs use it too; bf16 operands as gemm<bf16> computes them): mean
+// over repeated calls filling about `seconds` after one warm-up call. The model's MFU is
+// measured against the probe of its compute type.
+double measure_gemm_peak_gflops(double seconds = 0.5, Precision operands = Precision::fp32);
+
+// Bytes of workspace a gemm with bf16 operands allocates while it runs (its fp32 panels);
+// 0 for the other types.
+std::size_t gemm_workspace_bytes(Precision operands);
 
 }  // namespace ptrain::kernels

@@ -1,5 +1,10 @@
 // kernels/kernels.hpp — the layer kernels of the GPT forward and backward (llm.c's set),
-// on Kokkos Views. All take T = float or double (both instantiated in the .cpp files).
+// on Kokkos Views. T is the storage type: float, double or bf16 (all instantiated in the .cpp
+// files). Arithmetic is in accumulate_t<T> (util/precision.hpp: fp32 for bf16), results are
+// rounded once when stored; statistics (LayerNorm mean and rstd, the cross-entropy's row max,
+// sum-exp and losses) are kept in accumulate_t<T>. Backward kernels that write parameter
+// gradients take their type G as a second parameter (default T): fp32 gradients of bf16
+// weights are kernels::matmul_backward<bf16, float>.
 // Tensors are row-major 1-D views with explicit dims (see kernels/view.hpp); a shape
 // comment names each. Outputs are marked [=] overwritten or [+=] accumulated: backward
 // kernels accumulate into parameter gradients (the model sums micro-batches) and into
@@ -11,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/view.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::kernels {
 
@@ -29,7 +35,10 @@ template <class T>
 void copy_strided(Vec<T> dst, const Strided& d, CVec<T> src, const Strided& s, int n0, int n1,
                   int n2);
 template <class T>
-void axpy(Vec<T> y, T alpha, CVec<T> x);  // y [+=] alpha x; equal extents
+void axpy(Vec<T> y, accumulate_t<T> alpha, CVec<T> x);  // y [+=] alpha x; equal extents
+// dst [=] src rounded to dst's type (fp32 masters -> bf16 compute weights); equal extents.
+template <class To, class From>
+void cast(Vec<To> dst, CVec<From> src);
 template <class T>
 double sum_of_squares(CVec<T> x);  // sum x^2, accumulated in double
 template <class T>
@@ -54,8 +63,8 @@ void matmul_forward(Vec<T> out, CVec<T> inp, CVec<T> weight, CVec<T> bias, int N
 // dinp: (N, C) [=] dout (N, OC) @ weight (OC, C), or [+=] with accumulate_dinp;
 // dweight: (OC, C) [+=] dout^T @ inp;  dbias: (OC) [+=] column sums of dout. An empty dinp or
 // dbias is skipped.
-template <class T>
-void matmul_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
+template <class T, class G = T>
+void matmul_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout, CVec<T> inp,
                      CVec<T> weight, int N, int C, int OC, bool accumulate_dinp = false);
 
 // ---- embeddings -----------------------------------------------------------------------
@@ -72,20 +81,21 @@ void encoder_forward(Vec<T> out, IntVec tokens, IntVec positions, CVec<T> wte, C
 // dwte: (v_local, C) [+=] dout rows of the tokens in the shard; dwpe [+=] sum over b of
 // dout(b, t) at row positions(t). An empty dwte or dwpe is skipped. Deterministic: each
 // column is summed by one thread in token order.
-template <class T>
-void encoder_backward(Vec<T> dwte, Vec<T> dwpe, CVec<T> dout, IntVec tokens, IntVec positions,
-                      int B, int seq_len, int C, int v_begin, int v_local);
+template <class T, class G = T>
+void encoder_backward(OutVec<G> dwte, OutVec<G> dwpe, CVec<T> dout, IntVec tokens,
+                      IntVec positions, int B, int seq_len, int C, int v_begin, int v_local);
 
 // ---- layer norm (eps = 1e-5) -------------------------------------------------------------
 // inp: (N, C) -> out (N, C) [=] (inp - mean) * rstd * weight (C) + bias (C);
 // mean, rstd: (N) [=], saved for the backward.
 template <class T>
-void layernorm_forward(Vec<T> out, Vec<T> mean, Vec<T> rstd, CVec<T> inp, CVec<T> weight,
-                       CVec<T> bias, int N, int C);
+void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T>> rstd,
+                       CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C);
 // dinp: (N, C) [+=]; dweight, dbias: (C) [+=].
-template <class T>
-void layernorm_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
-                        CVec<T> weight, CVec<T> mean, CVec<T> rstd, int N, int C);
+template <class T, class G = T>
+void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout,
+                        CVec<T> inp, CVec<T> weight, CVec<accumulate_t<T>> mean,
+                        CVec<accumulate_t<T>> rstd, int N, int C);
 
 // ---- cross-entropy, vocab-parallel ---------------------------------------------------
 // This rank holds logits (N, v_local): columns [v_begin, v_begin + v_local) of the padded
@@ -103,21 +113,26 @@ struct VocabShard {
 };
 // row_max: (N) [=] max over real columns here (-inf if none).
 template <class T>
-void crossentropy_row_max(Vec<T> row_max, CVec<T> logits, int N, const VocabShard& shard);
+void crossentropy_row_max(Vec<accumulate_t<T>> row_max, CVec<T> logits, int N,
+                          const VocabShard& shard);
 // sumexp: (N) [=] sum over real columns here of exp(logit - row_max);
 // target_logit: (N) [=] logits(n, targets(n)) if the target column is here, else 0.
 template <class T>
-void crossentropy_row_sumexp(Vec<T> sumexp, Vec<T> target_logit, CVec<T> logits, CVec<T> row_max,
-                             IntVec targets, int N, const VocabShard& shard);
+void crossentropy_row_sumexp(Vec<accumulate_t<T>> sumexp, Vec<accumulate_t<T>> target_logit,
+                             CVec<T> logits, CVec<accumulate_t<T>> row_max, IntVec targets, int N,
+                             const VocabShard& shard);
 // losses: (N) [=] log(sumexp) + row_max - target_logit.
+// (Statistics only: T names the logits' storage type, whose accumulate type these are in.)
 template <class T>
-void crossentropy_loss(Vec<T> losses, CVec<T> row_max, CVec<T> sumexp, CVec<T> target_logit, int N);
+void crossentropy_loss(Vec<accumulate_t<T>> losses, CVec<accumulate_t<T>> row_max,
+                       CVec<accumulate_t<T>> sumexp, CVec<accumulate_t<T>> target_logit, int N);
 // logits (N, v_local) [=] dlogits = (softmax - onehot(target)) * dloss for real columns,
 // 0 for padding. dloss is dL/dloss(n), the same for every row (1 / tokens in the global batch
 // for a mean loss).
 template <class T>
-void crossentropy_backward(Vec<T> logits, CVec<T> row_max, CVec<T> sumexp, IntVec targets, int N,
-                           const VocabShard& shard, T dloss);
+void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
+                           CVec<accumulate_t<T>> sumexp, IntVec targets, int N,
+                           const VocabShard& shard, accumulate_t<T> dloss);
 
 // ---- mixture of experts (row gathers by index: deterministic, no atomics) ---------------
 // probs: (N, E) [=] softmax over each row of logits (N, E).

@@ -69,23 +69,34 @@ void matmul_forward(Vec<T> out, CVec<T> inp, CVec<T> weight, CVec<T> bias, int N
         "ptrain::matmul_bias_fill", N, OC,
         KOKKOS_LAMBDA(int n, int o) { out(std::size_t(n) * OC + o) = bias(o); });
   }
-  gemm<T>(false, true, N, OC, C, T(1), inp, 0, C, weight, 0, C, has_bias ? T(1) : T(0), out, 0, OC);
+  using A = accumulate_t<T>;
+  gemm<T>(false, true, N, OC, C, A(1), inp, 0, C, weight, 0, C, has_bias ? A(1) : A(0), out, 0, OC);
 }
 
-template <class T>
-void matmul_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
+template <class T, class G>
+void matmul_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout, CVec<T> inp,
                      CVec<T> weight, int N, int C, int OC, bool accumulate_dinp) {
+  using A = accumulate_t<T>;
   if (dinp.extent(0) > 0)  // dinp (N, C) [+]= dout (N, OC) @ W (OC, C)
-    gemm<T>(false, false, N, C, OC, T(1), dout, 0, OC, weight, 0, C, T(accumulate_dinp ? 1 : 0),
+    gemm<T>(false, false, N, C, OC, A(1), dout, 0, OC, weight, 0, C, A(accumulate_dinp ? 1 : 0),
             dinp, 0, C);
   // dW (OC, C) += dout^T (OC, N) @ inp (N, C)
-  gemm<T>(true, false, OC, C, N, T(1), dout, 0, OC, inp, 0, C, T(1), dweight, 0, C);
+  gemm<T, G>(true, false, OC, C, N, A(1), dout, 0, OC, inp, 0, C, A(1), dweight, 0, C);
   if (dbias.extent(0) > 0) {
     require_len("matmul_backward dbias", dbias.extent(0), std::size_t(OC));
     require_len("matmul_backward dout", dout.extent(0), std::size_t(N) * OC);
-    for_rows_per_column(
-        "ptrain::matmul_backward_bias", N, OC,
-        KOKKOS_LAMBDA(int n, int o) { dbias(o) += dout(std::size_t(n) * OC + o); });
+    if constexpr (std::is_same_v<G, A>) {  // the sum runs in dbias itself
+      for_rows_per_column(
+          "ptrain::matmul_backward_bias", N, OC,
+          KOKKOS_LAMBDA(int n, int o) { dbias(o) += A(dout(std::size_t(n) * OC + o)); });
+    } else {  // bf16 gradients: the column sum in fp32, added once
+      Kokkos::parallel_for(
+          "ptrain::matmul_backward_bias", OC, KOKKOS_LAMBDA(int o) {
+            A sum = 0;
+            for (int n = 0; n < N; ++n) sum += A(dout(std::size_t(n) * OC + o));
+            detail::add_to(dbias(o), sum);
+          });
+    }
   }
 }
 
@@ -106,19 +117,20 @@ void encoder_forward(Vec<T> out, IntVec tokens, IntVec positions, CVec<T> wte, C
   for_each_row_col(
       "ptrain::encoder_forward", N, C, KOKKOS_LAMBDA(int n, int c) {
         const int row = tokens(n) - v_begin;
-        T v = (row >= 0 && row < v_local) ? wte(std::size_t(row) * C + c) : T(0);
+        using A = accumulate_t<T>;
+        A v = (row >= 0 && row < v_local) ? A(wte(std::size_t(row) * C + c)) : A(0);
         if (has_wpe) {
           const int t = n % T_;
           const int p = has_pos ? positions(t) : t;
-          v += wpe(std::size_t(p) * C + c);
+          v += A(wpe(std::size_t(p) * C + c));
         }
-        out(std::size_t(n) * C + c) = v;
+        out(std::size_t(n) * C + c) = T(v);
       });
 }
 
-template <class T>
-void encoder_backward(Vec<T> dwte, Vec<T> dwpe, CVec<T> dout, IntVec tokens, IntVec positions,
-                      int B, int T_, int C, int v_begin, int v_local) {
+template <class T, class G>
+void encoder_backward(OutVec<G> dwte, OutVec<G> dwpe, CVec<T> dout, IntVec tokens,
+                      IntVec positions, int B, int T_, int C, int v_begin, int v_local) {
   const int N = B * T_;
   require_len("encoder_backward dout", dout.extent(0), std::size_t(N) * C);
   require_len("encoder_backward tokens", tokens.extent(0), std::size_t(N));
@@ -131,13 +143,13 @@ void encoder_backward(Vec<T> dwte, Vec<T> dwpe, CVec<T> dout, IntVec tokens, Int
                 std::size_t(max_position(positions, T_) + 1) * C);
   for_rows_per_column(
       "ptrain::encoder_backward", N, C, KOKKOS_LAMBDA(int n, int c) {
-        const T g = dout(std::size_t(n) * C + c);
+        const accumulate_t<T> g = dout(std::size_t(n) * C + c);
         const int row = tokens(n) - v_begin;
-        if (has_wte && row >= 0 && row < v_local) dwte(std::size_t(row) * C + c) += g;
+        if (has_wte && row >= 0 && row < v_local) detail::add_to(dwte(std::size_t(row) * C + c), g);
         if (has_wpe) {
           const int t = n % T_;
           const int p = has_pos ? positions(t) : t;
-          dwpe(std::size_t(p) * C + c) += g;
+          detail::add_to(dwpe(std::size_t(p) * C + c), g);
         }
       });
 }
@@ -145,8 +157,9 @@ void encoder_backward(Vec<T> dwte, Vec<T> dwpe, CVec<T> dout, IntVec tokens, Int
 // ---- layer norm -------------------------------------------------------------------------
 
 template <class T>
-void layernorm_forward(Vec<T> out, Vec<T> mean, Vec<T> rstd, CVec<T> inp, CVec<T> weight,
-                       CVec<T> bias, int N, int C) {
+void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T>> rstd,
+                       CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C) {
+  using A = accumulate_t<T>;
   require_len("layernorm_forward out", out.extent(0), std::size_t(N) * C);
   require_len("layernorm_forward inp", inp.extent(0), std::size_t(N) * C);
   require_len("layernorm_forward mean", mean.extent(0), std::size_t(N));
@@ -159,20 +172,30 @@ void layernorm_forward(Vec<T> out, Vec<T> mean, Vec<T> rstd, CVec<T> inp, CVec<T
         T* y = out.data() + std::size_t(n) * C;
         const T* w = weight.data();
         const T* b = bias.data();
-        const T m = detail::row_sum(x, C) / T(C);
-        // two-pass variance: sum (x - m)^2, written to y first so it vectorizes
-        for (int c = 0; c < C; ++c) y[c] = x[c] - m;
-        const T var = detail::row_dot(y, y, C) / T(C);
-        const T s = T(1) / detail::sqrt_(var + T(1e-5));
-        for (int c = 0; c < C; ++c) y[c] = y[c] * s * w[c] + b[c];
+        const A m = detail::row_sum(x, C) / A(C);
+        A s;
+        if constexpr (std::is_same_v<T, A>) {
+          // two-pass variance: sum (x - m)^2, written to y first so it vectorizes
+          for (int c = 0; c < C; ++c) y[c] = x[c] - m;
+          const A var = detail::row_dot(y, y, C) / A(C);
+          s = A(1) / detail::sqrt_(var + A(1e-5));
+          for (int c = 0; c < C; ++c) y[c] = y[c] * s * w[c] + b[c];
+        } else {  // bf16: x - m stays in fp32 (y could hold it only rounded)
+          A acc = 0;
+          for (int c = 0; c < C; ++c) acc += (A(x[c]) - m) * (A(x[c]) - m);
+          s = A(1) / detail::sqrt_(acc / A(C) + A(1e-5));
+          for (int c = 0; c < C; ++c) y[c] = T((A(x[c]) - m) * s * A(w[c]) + A(b[c]));
+        }
         mean(n) = m;
         rstd(n) = s;
       });
 }
 
-template <class T>
-void layernorm_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout, CVec<T> inp,
-                        CVec<T> weight, CVec<T> mean, CVec<T> rstd, int N, int C) {
+template <class T, class G>
+void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout,
+                        CVec<T> inp, CVec<T> weight, CVec<accumulate_t<T>> mean,
+                        CVec<accumulate_t<T>> rstd, int N, int C) {
+  using A = accumulate_t<T>;
   require_len("layernorm_backward dinp", dinp.extent(0), std::size_t(N) * C);
   require_len("layernorm_backward dout", dout.extent(0), std::size_t(N) * C);
   require_len("layernorm_backward inp", inp.extent(0), std::size_t(N) * C);
@@ -188,49 +211,60 @@ void layernorm_backward(Vec<T> dinp, Vec<T> dweight, Vec<T> dbias, CVec<T> dout,
         const T* g = dout.data() + std::size_t(n) * C;
         const T* w = weight.data();
         T* dx = dinp.data() + std::size_t(n) * C;
-        const T m = mean(n), s = rstd(n);
-        T acc_g[detail::kLanes] = {}, acc_gx[detail::kLanes] = {};
+        const A m = mean(n), s = rstd(n);
+        A acc_g[detail::kLanes] = {}, acc_gx[detail::kLanes] = {};
         int c = 0;
         for (; c + detail::kLanes <= C; c += detail::kLanes)
           for (int l = 0; l < detail::kLanes; ++l) {
-            const T wg = w[c + l] * g[c + l];
+            const A wg = A(w[c + l]) * A(g[c + l]);
             acc_g[l] += wg;
-            acc_gx[l] += wg * (x[c + l] - m) * s;
+            acc_gx[l] += wg * (A(x[c + l]) - m) * s;
           }
-        T sum_g = 0, sum_gx = 0;
+        A sum_g = 0, sum_gx = 0;
         for (; c < C; ++c) {
-          const T wg = w[c] * g[c];
+          const A wg = A(w[c]) * A(g[c]);
           sum_g += wg;
-          sum_gx += wg * (x[c] - m) * s;
+          sum_gx += wg * (A(x[c]) - m) * s;
         }
         for (int l = 0; l < detail::kLanes; ++l) {
           sum_g += acc_g[l];
           sum_gx += acc_gx[l];
         }
-        const T mean_g = sum_g / T(C), mean_gx = sum_gx / T(C);
-        for (int k = 0; k < C; ++k) dx[k] += (w[k] * g[k] - mean_g - (x[k] - m) * s * mean_gx) * s;
+        const A mean_g = sum_g / A(C), mean_gx = sum_gx / A(C);
+        for (int k = 0; k < C; ++k)
+          detail::add_to(dx[k],
+                         (A(w[k]) * A(g[k]) - mean_g - (A(x[k]) - m) * s * mean_gx) * s);
       });
   for_rows_per_column(
       "ptrain::layernorm_backward_params", N, C, KOKKOS_LAMBDA(int n, int c) {
         const std::size_t i = std::size_t(n) * C + c;
-        dbias(c) += dout(i);
-        dweight(c) += dout(i) * (inp(i) - mean(n)) * rstd(n);
+        detail::add_to(dbias(c), A(dout(i)));
+        detail::add_to(dweight(c), A(dout(i)) * (A(inp(i)) - mean(n)) * rstd(n));
       });
 }
 
-#define PTRAIN_INSTANTIATE(T)                                                                      \
-  template void matmul_forward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int, int);               \
-  template void matmul_backward<T>(Vec<T>, Vec<T>, Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int,    \
-                                   int, bool);                                                     \
-  template void encoder_forward<T>(Vec<T>, IntVec, IntVec, CVec<T>, CVec<T>, int, int, int, int,   \
-                                   int);                                                           \
-  template void encoder_backward<T>(Vec<T>, Vec<T>, CVec<T>, IntVec, IntVec, int, int, int, int,   \
-                                    int);                                                          \
-  template void layernorm_forward<T>(Vec<T>, Vec<T>, Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int); \
-  template void layernorm_backward<T>(Vec<T>, Vec<T>, Vec<T>, CVec<T>, CVec<T>, CVec<T>, CVec<T>,  \
-                                      CVec<T>, int, int);
+#define PTRAIN_INSTANTIATE(T, G)                                                                  \
+  template void matmul_backward<T, G>(Vec<T>, OutVec<G>, OutVec<G>, CVec<T>, CVec<T>, CVec<T>, int, \
+                                      int, int, bool);                                              \
+  template void encoder_backward<T, G>(OutVec<G>, OutVec<G>, CVec<T>, IntVec, IntVec, int, int,     \
+                                       int, int, int);                                              \
+  template void layernorm_backward<T, G>(Vec<T>, OutVec<G>, OutVec<G>, CVec<T>, CVec<T>, CVec<T>,   \
+                                         CVec<accumulate_t<T>>, CVec<accumulate_t<T>>, int, int);
+PTRAIN_INSTANTIATE(float, float)
+PTRAIN_INSTANTIATE(double, double)
+PTRAIN_INSTANTIATE(bf16, float)
+PTRAIN_INSTANTIATE(bf16, bf16)
+#undef PTRAIN_INSTANTIATE
+
+#define PTRAIN_INSTANTIATE(T)                                                                    \
+  template void matmul_forward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int, int);             \
+  template void encoder_forward<T>(Vec<T>, IntVec, IntVec, CVec<T>, CVec<T>, int, int, int, int, \
+                                   int);                                                         \
+  template void layernorm_forward<T>(Vec<T>, Vec<accumulate_t<T>>, Vec<accumulate_t<T>>,         \
+                                     CVec<T>, CVec<T>, CVec<T>, int, int);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)
+PTRAIN_INSTANTIATE(bf16)
 #undef PTRAIN_INSTANTIATE
 
 }  // namespace ptrain::kernels

@@ -19,15 +19,21 @@ template <class T>
 void softmax_rows_forward(Vec<T> probs, CVec<T> logits, int N, int E) {
   require_len("softmax_rows_forward probs", probs.extent(0), std::size_t(N) * E);
   require_len("softmax_rows_forward logits", logits.extent(0), std::size_t(N) * E);
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  using A = accumulate_t<T>;
+  const A neg_inf = -std::numeric_limits<A>::infinity();
   Kokkos::parallel_for(
       "ptrain::softmax_rows_forward", N, KOKKOS_LAMBDA(int t) {
         const T* x = logits.data() + std::size_t(t) * E;
         T* p = probs.data() + std::size_t(t) * E;
-        const T m = detail::row_max(x, E, neg_inf);
-        T sum = 0;
-        for (int e = 0; e < E; ++e) sum += (p[e] = detail::exp_(x[e] - m));
-        for (int e = 0; e < E; ++e) p[e] /= sum;
+        const A m = detail::row_max(x, E, neg_inf);
+        A sum = 0;
+        if constexpr (std::is_same_v<T, A>) {
+          for (int e = 0; e < E; ++e) sum += (p[e] = detail::exp_(x[e] - m));
+          for (int e = 0; e < E; ++e) p[e] /= sum;
+        } else {  // bf16: the exponentials stay in fp32 until the division
+          for (int e = 0; e < E; ++e) sum += detail::exp_(A(x[e]) - m);
+          for (int e = 0; e < E; ++e) p[e] = T(detail::exp_(A(x[e]) - m) / sum);
+        }
       });
 }
 
@@ -41,8 +47,9 @@ void softmax_rows_backward(Vec<T> dlogits, CVec<T> probs, CVec<T> dprobs, int N,
         const T* p = probs.data() + std::size_t(t) * E;
         const T* dp = dprobs.data() + std::size_t(t) * E;
         T* dx = dlogits.data() + std::size_t(t) * E;
-        const T s = detail::row_dot(p, dp, E);
-        for (int e = 0; e < E; ++e) dx[e] = p[e] * (dp[e] - s);
+        using A = accumulate_t<T>;
+        const A s = detail::row_dot(p, dp, E);
+        for (int e = 0; e < E; ++e) dx[e] = T(A(p[e]) * (A(dp[e]) - s));
       });
 }
 
@@ -55,15 +62,29 @@ void combine_rows(Vec<T> dst, CVec<T> src, IntVec rows, CVec<T> weight, int N, i
   if (weighted) require_len("combine_rows weight", weight.extent(0), std::size_t(N) * k);
   Kokkos::parallel_for(
       "ptrain::combine_rows", N, KOKKOS_LAMBDA(int t) {
+        using A = accumulate_t<T>;
         T* d = dst.data() + std::size_t(t) * C;
-        if (!accumulate)
-          for (int c = 0; c < C; ++c) d[c] = T(0);
-        for (int j = 0; j < k; ++j) {
-          const int r = rows(std::size_t(t) * k + j);
-          if (r < 0) continue;
-          const T w = weighted ? weight(std::size_t(t) * k + j) : T(1);
-          const T* s = src.data() + std::size_t(r) * C;
-          for (int c = 0; c < C; ++c) d[c] += w * s[c];
+        if constexpr (std::is_same_v<T, A>) {
+          if (!accumulate)
+            for (int c = 0; c < C; ++c) d[c] = T(0);
+          for (int j = 0; j < k; ++j) {
+            const int r = rows(std::size_t(t) * k + j);
+            if (r < 0) continue;
+            const T w = weighted ? weight(std::size_t(t) * k + j) : T(1);
+            const T* s = src.data() + std::size_t(r) * C;
+            for (int c = 0; c < C; ++c) d[c] += w * s[c];
+          }
+        } else {  // bf16: each output element summed over the k choices in fp32, rounded once
+          for (int c = 0; c < C; ++c) {
+            A sum = accumulate ? A(d[c]) : A(0);
+            for (int j = 0; j < k; ++j) {
+              const int r = rows(std::size_t(t) * k + j);
+              if (r < 0) continue;
+              const A w = weighted ? A(weight(std::size_t(t) * k + j)) : A(1);
+              sum += w * A(src(std::size_t(r) * C + c));
+            }
+            d[c] = T(sum);
+          }
         }
       });
 }
@@ -79,7 +100,8 @@ void row_dots(Vec<T> dots, CVec<T> a, CVec<T> b, IntVec rows, int N, int k, int 
           const int r = rows(std::size_t(t) * k + j);
           dots(std::size_t(t) * k + j) =
               r < 0 ? T(0)
-                    : detail::row_dot(a.data() + std::size_t(t) * C, b.data() + std::size_t(r) * C, C);
+                    : T(detail::row_dot(a.data() + std::size_t(t) * C,
+                                        b.data() + std::size_t(r) * C, C));
         }
       });
 }
@@ -91,6 +113,7 @@ void row_dots(Vec<T> dots, CVec<T> a, CVec<T> b, IntVec rows, int N, int k, int 
   template void row_dots<T>(Vec<T>, CVec<T>, CVec<T>, IntVec, int, int, int);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)
+PTRAIN_INSTANTIATE(bf16)
 #undef PTRAIN_INSTANTIATE
 
 }  // namespace ptrain::kernels

@@ -27,6 +27,11 @@ using Vec = Kokkos::View<T*>;
 template <class T>
 using CVec = typename detail::NonDeduced<Kokkos::View<const T*>>::type;
 
+// A tensor the kernel writes whose element type is named by the call, not deduced: parameter
+// gradients in the grad type beside compute-typed activations (kernels::matmul_backward<T, G>).
+template <class T>
+using OutVec = typename detail::NonDeduced<Kokkos::View<T*>>::type;
+
 // Token ids / targets / positions.
 using IntVec = Kokkos::View<const int*>;
 

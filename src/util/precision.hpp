@@ -52,6 +52,32 @@ struct accumulate<bf16> {
 template <class T>
 using accumulate_t = typename accumulate<T>::type;
 
+// The element types of one policy, as the code is instantiated: compute (weights as kernels
+// read them, activations), grad (gradient buffers), master (optimizer weights and moments).
+// The wire type is chosen at run time (PrecisionPolicy::wire).
+template <class Compute, class Grad, class Master>
+struct Types {
+  using compute = Compute;
+  using grad = Grad;
+  using master = Master;
+  // The policy's master weights are the compute weights themselves (fp32, fp64 runs).
+  static constexpr bool uniform = std::is_same_v<Compute, Grad> && std::is_same_v<Grad, Master>;
+};
+template <class T>
+using Uniform = Types<T, T, T>;  // every buffer in T
+using Fp64 = Uniform<double>;    // the reference
+using Fp32 = Uniform<float>;
+using Bf16 = Types<bf16, float, float>;         // bf16 compute, fp32 gradients and masters
+using Bf16Grads = Types<bf16, bf16, float>;     // parallel%grad_dtype = 'bf16'
+
+// The names a class templated on a policy P uses: T (compute), G (grad), M (master) and A,
+// the accumulate type of T.
+#define PTRAIN_POLICY_TYPES(P)                    \
+  using T = typename P::compute;                  \
+  using G = typename P::grad;                     \
+  using M = typename P::master;                   \
+  using A = ::ptrain::accumulate_t<typename P::compute>
+
 // The Precision of an element type.
 template <class T>
 constexpr Precision precision_of() {
