@@ -191,8 +191,16 @@ int blas_threads_for(const Config& config, int threads) {
   return config.backend.blas_threads > 0 ? int(config.backend.blas_threads) : threads;
 }
 
+// The gemm MFU is measured against: the compute type's (a bf16 run's gemms take bf16
+// operands; fp32 and fp64 runs are measured against sgemm, as before).
+Precision probe_precision(const Config& config) {
+  return deck::precision_policy(config).compute == Precision::bf16 ? Precision::bf16
+                                                                    : Precision::fp32;
+}
+const char* probe_name(Precision p) { return p == Precision::bf16 ? "bf16 gemm" : "sgemm"; }
+
 // Sets this rank's BLAS threads and returns the per-rank peak MFU is measured against:
-// backend%peak_gflops, or an sgemm probe.
+// backend%peak_gflops, or a gemm probe of the compute type.
 double peak_gflops(const Config& config, int threads, bool bench) {
   const int blas = blas_threads_for(config, threads);
   kernels::set_blas_threads(blas);
@@ -202,24 +210,27 @@ double peak_gflops(const Config& config, int threads, bool bench) {
                 blas, " (", kernels::blas_name(), ")"));
   if (auto w = kernels::blas_spin_warning(kernel_threads, blas); !w.empty()) log::warn(w);
   if (config.backend.peak_gflops > 0) return config.backend.peak_gflops;
-  const double peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3);
-  log::info(cat("peak: sgemm probe (1024x768x3072, ", blas, " BLAS thread(s) per rank) = ",
-                fixed("%.1f", peak), " GFLOP/s per rank; MFU is measured against it"));
+  const Precision probe = probe_precision(config);
+  const double peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3, probe);
+  log::info(cat("peak: ", probe_name(probe), " probe (1024x768x3072, ", blas,
+                " BLAS thread(s) per rank) = ", fixed("%.1f", peak),
+                " GFLOP/s per rank; MFU is measured against it"));
   return peak;
 }
 
 // --bench probes again after the steps, for comparison: a shared node's speed drifts over a
 // run. The done line stays against the probe before the steps (`before`), as the step lines
 // are; this line gives the rank's GFLOP/s against the probe after them.
-void log_probe_after(double before, double gflops_per_rank) {
-  const double after = kernels::measure_gemm_peak_gflops(2.0);
-  log::info(cat("peak: sgemm probe after the steps = ", fixed("%.1f", after),
+void log_probe_after(const Config& config, double before, double gflops_per_rank) {
+  const Precision probe = probe_precision(config);
+  const double after = kernels::measure_gemm_peak_gflops(2.0, probe);
+  log::info(cat("peak: ", probe_name(probe), " probe after the steps = ", fixed("%.1f", after),
                 " GFLOP/s per rank (before them ", fixed("%.1f", before),
                 "); against it the steps ran at ", fixed("%.1f%%", 100 * gflops_per_rank / after)));
 }
 
-template <class T>
-void log_model_and_data(const Config& config, const parallel::Trainer<T>& trainer) {
+template <class P>
+void log_model_and_data(const Config& config, const parallel::Trainer<P>& trainer) {
   std::int64_t held = 0;
   for (const auto& layout : trainer.layouts()) held += layout.numel;
   log::info(cat("model: ", model::global_parameter_count(config), " parameters, ",
@@ -246,12 +257,12 @@ void log_memory_peaks(const Config& config) {
                 format_bytes(plan.total()), " (the categories' peaks summed)"));
 }
 
-template <class T>
+template <class P>
 int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const int world = grid.world_size();
   const double peak = peak_gflops(config, threads, bench);
   memory::reset_peaks();  // the sgemm probe's buffers are gone: the peaks are the run's
-  parallel::Trainer<T> trainer(config, grid);
+  parallel::Trainer<P> trainer(config, grid);
   log_model_and_data(config, trainer);
 
   ckpt::initialise(config, grid, trainer);  // init_from, or from the seed
@@ -310,7 +321,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const double tok_s = busy > 0 ? tokens / busy : 0;
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;
   log_memory_peaks(config);  // before the second probe, whose buffers are not the run's
-  if (bench && config.backend.peak_gflops <= 0) log_probe_after(peak, gflops / world);
+  if (bench && config.backend.peak_gflops <= 0) log_probe_after(config, peak, gflops / world);
   log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds),
                 "; final loss ", fixed("%.4f", last_loss),
                 std::isnan(last_val) ? std::string() : cat(", val loss ", fixed("%.4f", last_val)),
@@ -357,7 +368,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
-  parallel::check_supported(config, world_size);  // before Kokkos starts on a device
+  parallel::check_supported(config);  // before Kokkos starts on a device
   const int threads = threads_for(config, grid);  // the deck and the node map decide them
   KokkosScope kokkos(threads);
   log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,
@@ -376,8 +387,12 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   check_fits(config, grid, o);  // before the trainer allocates anything
-  return config.model.dtype == "fp64" ? train<double>(config, grid, threads, o.bench)
-                                      : train<float>(config, grid, threads, o.bench);
+  // The one switch on the precision policy: everything below is instantiated per policy.
+  const PrecisionPolicy policy = deck::precision_policy(config);
+  if (policy.compute == Precision::fp64) return train<Fp64>(config, grid, threads, o.bench);
+  if (policy.compute == Precision::fp32) return train<Fp32>(config, grid, threads, o.bench);
+  if (policy.grad == Precision::bf16) return train<Bf16Grads>(config, grid, threads, o.bench);
+  return train<Bf16>(config, grid, threads, o.bench);
 }
 
 // MPI around run(): one rank's fault aborts the job; an error raised

@@ -576,7 +576,10 @@ TEST(DeckValidate, CrossFieldErrors) {
        "data%source = 'bytes' needs model%vocab >= 256 (got 100)"},
       {1, [](Config& c) { c.data.source = "u16"; }, "data%source = 'u16' needs a file in data%path"},
       {1, [](Config& c) { c.data.source = "bytes"; }, "data%source = 'bytes' needs a file in data%path"},
-      {1, [](Config& c) { c.model.dtype = "bf16"; }, "model%dtype = 'bf16' needs backend%device = 'cuda' (got 'cpu')"},
+      {1, [](Config& c) { c.parallel.grad_dtype = "bf16"; },
+       "parallel%grad_dtype = 'bf16' needs model%dtype = 'bf16' (got 'fp32'); leave it 'auto' for an fp32 model"},
+      {1, [](Config& c) { c.model.dtype = "fp64", c.parallel.grad_dtype = "fp32"; },
+       "parallel%grad_dtype = 'fp32' needs model%dtype = 'bf16' (got 'fp64'); leave it 'auto' for an fp64 model"},
       {1, [](Config& c) { c.parallel.tp = 0; }, "parallel%tp = 0 is out of range: must be >= 1"},
       {1, [](Config& c) { c.model.dtype = "fp8"; }, "model%dtype = 'fp8' is not one of 'fp32', 'fp64', 'bf16'"},
   };

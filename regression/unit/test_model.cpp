@@ -31,8 +31,8 @@ Config tiny_config(std::vector<std::string> extra = {}) {
 
 // The whole model on one rank: one stage holding every layer, with `slots` activation slots.
 template <class T>
-model::Stage<T> whole_model(const Config& c, int micro_batch, int slots = 1) {
-  return model::Stage<T>(c, {}, model::build_layout(c, {}).at(0), micro_batch, slots);
+model::Stage<Uniform<T>> whole_model(const Config& c, int micro_batch, int slots = 1) {
+  return model::Stage<Uniform<T>>(c, {}, model::build_layout(c, {}).at(0), micro_batch, slots);
 }
 
 struct Batch {
@@ -187,7 +187,7 @@ TEST(Stage, TwoStagesChainedEqualTheWholeModel) {
   const double lw = whole.forward(0, {b.x.data(), b.y.data(), 2});
   whole.backward(0, dloss);
 
-  std::vector<model::Stage<double>> stages;
+  std::vector<model::Stage<Fp64>> stages;
   stages.reserve(2);
   for (int p = 0; p < 2; ++p) {
     model::ShardCoord coord;

@@ -56,7 +56,7 @@ V on_dev(const HVec& h) { return dev<double>(h); }
 template <template <class> class Acts>
 Acts<V> allocate(const ActShape& s) {
   Acts<V> a;
-  describe(a, s, [](V& field, std::int64_t n) { field = nans(n); });
+  describe(a, s, [](V& field, std::int64_t n, Role = Role::value) { field = nans(n); });
   return a;
 }
 
@@ -105,8 +105,8 @@ struct Outcome {
   Args grad;  // d<out, R>/d(each input and parameter)
 };
 
-LayerNorm<double> layer_norm(const Args& a, const std::string& p) {
-  LayerNorm<double> l;
+LayerNorm<Fp64> layer_norm(const Args& a, const std::string& p) {
+  LayerNorm<Fp64> l;
   l.w = on_dev(a.at(p + ".w")), l.b = on_dev(a.at(p + ".b"));
   l.dw = zeros(C), l.db = zeros(C), l.C = C;
   return l;
@@ -138,7 +138,7 @@ Outcome run_layer_norm(const Ctx& c, const Args& a, const HVec& dout) {
 
 // x (BT, in) holding this rank's rows -> y (BT, out_l); d(x) is this rank's rows (R, in).
 Outcome run_column(const Ctx& c, int in, int out_l, const Args& a, const HVec& dy) {
-  const auto lin = linear<ColumnParallelLinear<double>>(a, "lin", in, out_l);
+  const auto lin = linear<ColumnParallelLinear<Fp64>>(a, "lin", in, out_l);
   V x = on_dev(a.at("x")), y = nans(c.BT * out_l);
   lin.forward(c, x, y);
   const V dx = lin.backward(c, x, on_dev(dy), nans(c.BT * in), nans(c.R * in));
@@ -149,7 +149,7 @@ Outcome run_column(const Ctx& c, int in, int out_l, const Args& a, const HVec& d
 
 // x (BT, in_l) -> y (R, out), the tp sum; d(x) (BT, in_l).
 Outcome run_row(const Ctx& c, int in_l, int out, const Args& a, const HVec& dy) {
-  const auto lin = linear<RowParallelLinear<double>>(a, "lin", in_l, out);
+  const auto lin = linear<RowParallelLinear<Fp64>>(a, "lin", in_l, out);
   const V x = on_dev(a.at("x")), y = nans(c.R * out), dx = nans(c.BT * in_l);
   lin.forward(c, x, nans(c.BT * out), y);
   lin.backward(c, x, on_dev(dy), nans(c.BT * out), dx);
@@ -160,7 +160,7 @@ Outcome run_row(const Ctx& c, int in_l, int out, const Args& a, const HVec& dy) 
 
 // qkv (BT, 3C) -> out (BT, C), all heads.
 Outcome run_attention(const Ctx& c, const Args& a, const HVec& dout) {
-  const Attention<double> attn{NH, HS};
+  const Attention<Fp64> attn{NH, HS};
   const V qkv = on_dev(a.at("qkv")), out = nans(c.BT * C), lse = nans(c.BT * NH);
   const V dqkv = nans(c.BT * 3 * C);
   attn.forward(c, qkv, out, lse);
@@ -168,16 +168,16 @@ Outcome run_attention(const Ctx& c, const Args& a, const HVec& dout) {
   return {host(out), {{"qkv", host(dqkv)}}};
 }
 
-MLP<double> mlp_of(const Ctx& c, const Args& a, const std::string& p) {
-  MLP<double> m;
-  m.fc = linear<ColumnParallelLinear<double>>(a, p + ".fc", C, F / c.tp->size());
-  m.proj = linear<RowParallelLinear<double>>(a, p + ".proj", F / c.tp->size(), C);
+MLP<Fp64> mlp_of(const Ctx& c, const Args& a, const std::string& p) {
+  MLP<Fp64> m;
+  m.fc = linear<ColumnParallelLinear<Fp64>>(a, p + ".fc", C, F / c.tp->size());
+  m.proj = linear<RowParallelLinear<Fp64>>(a, p + ".proj", F / c.tp->size(), C);
   return m;
 }
 
 // x (BT, C) holding this rank's rows -> y (R, C); d(x) is this rank's rows (R, C).
 Outcome run_mlp(const Ctx& c, const Args& a, const HVec& dy) {
-  const MLP<double> m = mlp_of(c, a, "mlp");
+  const MLP<Fp64> m = mlp_of(c, a, "mlp");
   const auto acts = allocate<MlpActs>(shape_of(c));
   V x = on_dev(a.at("x")), y = nans(c.R * C);
   m.forward(c, x, acts, nans(c.BT * C), y);
@@ -191,7 +191,7 @@ Outcome run_mlp(const Ctx& c, const Args& a, const HVec& dy) {
 
 // tokens (B, S) -> x (R, C) from this rank's vocabulary rows wte (Vl, C) and wpe (S, C).
 Outcome run_embedding(const Ctx& c, const std::vector<int>& tokens, const Args& a, const HVec& dx) {
-  Embedding<double> e;
+  Embedding<Fp64> e;
   e.wte = on_dev(a.at("wte")), e.wpe = on_dev(a.at("wpe"));
   e.dwte = zeros(e.wte.extent(0)), e.dwpe = zeros(e.wpe.extent(0));
   e.C = C, e.Vl = int(e.wte.extent(0)) / C, e.v_begin = c.tp->rank() * e.Vl;
@@ -205,7 +205,7 @@ Outcome run_embedding(const Ctx& c, const std::vector<int>& tokens, const Args& 
 // x (R, C) -> {sum of the BT token losses}, with wte (Vl, C) this rank's vocabulary rows;
 // the gradient is that of dloss * loss, dloss = R[0].
 Outcome run_head(const Ctx& c, const std::vector<int>& targets, const Args& a, const HVec& R) {
-  Head<double> h;
+  Head<Fp64> h;
   h.lnf = layer_norm(a, "lnf");
   h.lm.w = on_dev(a.at("wte")), h.lm.dw = zeros(h.lm.w.extent(0));
   h.lm.in = C, h.lm.out = int(h.lm.w.extent(0)) / C;
@@ -223,11 +223,11 @@ Outcome run_head(const Ctx& c, const std::vector<int>& targets, const Args& a, c
 // x (R, C) -> res3 (R, C) of one block with this rank's heads and MLP columns.
 Outcome run_block(const Ctx& c, const Args& a, const HVec& dres3) {
   const int n = c.tp->size();
-  Block<double> blk;
+  Block<Fp64> blk;
   blk.ln1 = layer_norm(a, "ln1"), blk.ln2 = layer_norm(a, "ln2");
-  blk.qkv = linear<ColumnParallelLinear<double>>(a, "qkv", C, 3 * C / n);
-  blk.attn = Attention<double>{NH / n, HS};
-  blk.proj = linear<RowParallelLinear<double>>(a, "proj", C / n, C);
+  blk.qkv = linear<ColumnParallelLinear<Fp64>>(a, "qkv", C, 3 * C / n);
+  blk.attn = Attention<Fp64>{NH / n, HS};
+  blk.proj = linear<RowParallelLinear<Fp64>>(a, "proj", C / n, C);
   blk.mlp = mlp_of(c, a, "mlp");
   const auto acts = allocate<BlockActs>(shape_of(c));
   auto g = allocate<Scratch>(shape_of(c));

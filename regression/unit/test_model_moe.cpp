@@ -57,7 +57,7 @@ struct Result {
 // y = moe(x); the backward of L = <y, R> + aux_scale * aux.
 Result run(const Args& a, const HVec& R, int bt, int e, int k, double capacity, double aux_scale) {
   const Ctx c(kOneRank, 1, bt);
-  MoE<double> m;
+  MoE<Fp64> m;
   m.router = dev<double>(a.at("router")), m.drouter = zeros(e * C);
   m.fc_w = dev<double>(a.at("fc.w")), m.fc_b = dev<double>(a.at("fc.b"));
   m.proj_w = dev<double>(a.at("proj.w")), m.proj_b = dev<double>(a.at("proj.b"));

@@ -43,8 +43,9 @@ struct RunRecord {
 };
 
 // The whole model in one-rank flat order from every rank's shard: each rank places the
-// elements of its slabs at their global positions; replicas (data-parallel copies, tensors
-// every tp rank holds) are averaged, after checking every element was placed.
+// elements of its slabs at their global positions (NaN: not held here); replicas
+// (data-parallel copies, tensors every tp rank holds) are averaged, after checking every
+// element was placed.
 std::vector<double> global_weights(const Config& c, const model::ChunkLayout& local,
                                    const std::vector<double>& data, MPI_Comm comm) {
   Config one = c;
@@ -56,6 +57,7 @@ std::vector<double> global_weights(const Config& c, const model::ChunkLayout& lo
     std::int64_t k = t.offset;  // local flat index of the slab's first element
     for (const auto& slab : t.slabs)
       for (std::int64_t e = 0; e < slab.numel(); ++e, ++k) {
+        if (std::isnan(data[std::size_t(k)])) continue;
         const auto at = std::size_t(g.offset + test::global_index(t.global_shape, slab, e));
         sum[at] += data[std::size_t(k)];
         count[at] += 1;
@@ -75,7 +77,7 @@ RunRecord train(const Config& c, MPI_Comm comm) {
   Grid grid(comm, GridShape::from_config(c), false);
   RunRecord run;
   {
-    parallel::Trainer<T> trainer(c, grid);
+    parallel::Trainer<Uniform<T>> trainer(c, grid);
     trainer.data_parallel().init_weights(std::uint64_t(c.run.seed));
     for (std::int64_t s = 1; s <= c.run.steps; ++s) {
       const auto before = traffic_by_group();
@@ -87,8 +89,13 @@ RunRecord train(const Config& c, MPI_Comm comm) {
       run.tp_bytes.push_back(traffic[std::size_t(GroupKind::tp)].stats.bytes);
     }
     run.val_loss = trainer.evaluate();
-    std::vector<double> local;
-    for (T w : trainer.data_parallel().gather_weights()) local.push_back(double(w));
+    // The masters this rank updates, at their flat places (NaN elsewhere: held by others).
+    auto& dp = trainer.data_parallel();
+    std::vector<double> local(std::size_t(dp.layout().numel), std::nan(""));
+    const auto masters = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dp.update_params());
+    for (const auto& p : dp.update_pieces())
+      for (std::int64_t i = p.lo; i < p.hi; ++i)
+        local[std::size_t(i)] = double(masters(std::size_t(p.at + i - p.lo)));
     run.weights = global_weights(c, trainer.stage().layout(), local, comm);
   }
   return run;
@@ -233,7 +240,7 @@ TEST(DataParallel, ShardedStateUsesItsShareOfMemory) {
                                         {"model%vocab", "301"}});
     Grid grid(comm, GridShape::from_config(c), false);
     const auto base = memory::stats().current;
-    parallel::Trainer<double> trainer(c, grid);
+    parallel::Trainer<Fp64> trainer(c, grid);
     std::array<double, 3> used{};
     for (int k : {0, 1, 2})
       used[std::size_t(k)] = double(memory::stats().current[std::size_t(k)] - base[std::size_t(k)]);

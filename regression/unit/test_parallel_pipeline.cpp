@@ -43,7 +43,7 @@ Measured measure(const Config& c) {
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(c), false);
   const double before = double(memory::stats().current[act]);
   Measured m;
-  parallel::Trainer<double> trainer(c, grid);
+  parallel::Trainer<Fp64> trainer(c, grid);
   for (int k = 0; k < trainer.chunks(); ++k) trainer.data_parallel(k).init_weights(7);
   m.activations = double(memory::stats().current[act]) - before;
   memory::reset_peaks();

@@ -69,10 +69,12 @@ TensorPredicate state_holder(const Config& config, const Grid& grid) {
   };
 }
 
-// What this rank owns of the parameters and, with `moments`, of the optimizer's moments.
-template <class P, class T>
-Buffers<P> owned_state(parallel::Trainer<T>& trainer, bool moments = true) {
-  Buffers<P> b;
+// What this rank owns of the master weights and, with `moments`, of the optimizer's moments
+// (the policy's master type: fp32 in a bf16 run, so checkpoints keep their format). V is the
+// element type the writer or reader sees (const for writing).
+template <class V, class P>
+Buffers<V> owned_state(parallel::Trainer<P>& trainer, bool moments = true) {
+  Buffers<V> b;
   b.moments = moments && !trainer.optimizer(0).state().empty();
   for (int c = 0; c < trainer.chunks(); ++c) {
     auto& dp = trainer.data_parallel(c);
@@ -146,8 +148,9 @@ void check_writable(const Config& config, MPI_Comm comm) {
   mpi::agree(comm, error, kExitInput);
 }
 
-template <class T>
-void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
+template <class P>
+void initialise(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer) {
+  using T = typename P::master;
   if (config.model.init_from.empty()) {
     for (int c = 0; c < trainer.chunks(); ++c)
       trainer.data_parallel(c).init_weights(std::uint64_t(config.run.seed));
@@ -171,8 +174,9 @@ void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& tr
   log::info(cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
 }
 
-template <class T>
-std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
+template <class P>
+std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer) {
+  using T = typename P::master;
   if (config.checkpoint.restart.empty()) return 0;
   if (config.checkpoint.restart == "latest") {
     // Rank 0 looks for everyone.
@@ -190,7 +194,7 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>
                               state_holder(config, grid), &report);
   });
   for (int c = 0; c < trainer.chunks(); ++c) {
-    trainer.data_parallel(c).finish_step();  // ZeRO 1/2: shards -> whole parameters
+    trainer.data_parallel(c).finish_step();  // masters -> compute weights; ZeRO 1/2: gathered
     trainer.optimizer(c).set_t(state.optimizer_t);
   }
   if (state.seed != std::uint64_t(config.run.seed))
@@ -206,15 +210,17 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>
   return state.step;
 }
 
-template <class T>
-void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer, std::int64_t step,
+template <class P>
+void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer, std::int64_t step,
           double lr) {
+  using T = typename P::master;
   const CheckpointState state{step, step * config.train.global_batch, trainer.optimizer(0).t(),
                               std::uint64_t(config.run.seed), lr};
   const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
                                                  {"deck", deck::echo(config)},
                                                  {"grid", grid.shape().str()},
                                                  {"zero", std::to_string(config.parallel.zero)},
+                                                 {"compute_dtype", config.model.dtype},
                                                  {"run", config.run.name}};
   const auto report =
       save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
@@ -223,12 +229,14 @@ void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer,
   log::info(cat("checkpoint: step ", step, " ", saved(report)));
 }
 
-template <class T>
-void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer) {
+template <class P>
+void save_final(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer) {
+  using T = typename P::master;
   const std::string path = config.run.out_dir + "/final.h5";
   const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
                                                  {"deck", deck::echo(config)},
                                                  {"grid", grid.shape().str()},
+                                                 {"compute_dtype", config.model.dtype},
                                                  {"step", std::to_string(config.run.steps)}};
   const auto report = save_owned_weights<T>(path, MPI_COMM_WORLD, trainer.layouts(),
                                             owned_state<const T>(trainer, false),
@@ -236,13 +244,15 @@ void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& tr
   log::info(cat("checkpoint: final weights ", saved(report)));
 }
 
-#define PTRAIN_TRAINING_INSTANTIATE(T)                                                            \
-  template void initialise<T>(const Config&, const Grid&, parallel::Trainer<T>&);                 \
-  template std::int64_t resume<T>(const Config&, const Grid&, parallel::Trainer<T>&);             \
-  template void save<T>(const Config&, const Grid&, parallel::Trainer<T>&, std::int64_t, double); \
-  template void save_final<T>(const Config&, const Grid&, parallel::Trainer<T>&);
-PTRAIN_TRAINING_INSTANTIATE(float)
-PTRAIN_TRAINING_INSTANTIATE(double)
+#define PTRAIN_TRAINING_INSTANTIATE(P)                                                            \
+  template void initialise<P>(const Config&, const Grid&, parallel::Trainer<P>&);                 \
+  template std::int64_t resume<P>(const Config&, const Grid&, parallel::Trainer<P>&);             \
+  template void save<P>(const Config&, const Grid&, parallel::Trainer<P>&, std::int64_t, double); \
+  template void save_final<P>(const Config&, const Grid&, parallel::Trainer<P>&);
+PTRAIN_TRAINING_INSTANTIATE(Fp32)
+PTRAIN_TRAINING_INSTANTIATE(Fp64)
+PTRAIN_TRAINING_INSTANTIATE(Bf16)
+PTRAIN_TRAINING_INSTANTIATE(Bf16Grads)
 #undef PTRAIN_TRAINING_INSTANTIATE
 
 }  // namespace ptrain::ckpt

@@ -27,25 +27,25 @@ void check_writable(const Config& config, MPI_Comm comm);
 
 // model%init_from (every rank reads the whole file and keeps its part), else the GPT-2
 // init from run%seed.
-template <class T>
-void initialise(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer);
+template <class P>
+void initialise(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer);
 
 // checkpoint%restart on any grid: returns the step to continue after (0: from the start).
 // 'latest' with no checkpoint in the folder yet (a job requeued before its first one)
 // starts from the beginning with a warning; a named file or a dangling `latest` must exist.
-template <class T>
-std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer);
+template <class P>
+std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer);
 
 // A checkpoint after `step` (lr: that step's learning rate, informational), logged with
 // its bandwidth.
-template <class T>
-void save(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer, std::int64_t step,
+template <class P>
+void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer, std::int64_t step,
           double lr);
 
 // out_dir/final.h5 (checkpoint%save_final), written like a checkpoint from what each rank
 // owns (its ZeRO shard, or the whole chunk): under a temporary name, verified, then renamed,
 // so a failed save leaves a previous final.h5 as it was.
-template <class T>
-void save_final(const Config& config, const Grid& grid, parallel::Trainer<T>& trainer);
+template <class P>
+void save_final(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer);
 
 }  // namespace ptrain::ckpt

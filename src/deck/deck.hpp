@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "deck/config.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::deck {
 
@@ -40,6 +41,11 @@ Config defaults();
 
 // Cross-field checks for a run on `world_size` ranks; resolves parallel%dp = -1.
 void validate(Config& config, int world_size);
+
+// The precision policy of a validated deck (util/precision.hpp): model%dtype is the compute
+// type; masters are fp32 for a bf16 model, else the model's; gradients and the wire follow
+// parallel%grad_dtype.
+PrecisionPolicy precision_policy(const Config& config);
 
 // The resolved deck in namelist syntax, every group and key in schema order; keys equal
 // to their default carry "! default". parse_text(echo(c), ...) gives back c exactly.

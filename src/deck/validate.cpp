@@ -212,13 +212,26 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   if (d.source == "bytes" || d.source == "u16")
     ck.require(!d.path.empty(), cat("data%source = ", q(d.source), " needs a file in data%path"));
 
-  // Backend.
-  if (m.dtype == "bf16")
-    ck.require(c.backend.device == "cuda",
-               cat("model%dtype = 'bf16' needs backend%device = 'cuda' (got ", q(c.backend.device), ")"));
+  const auto& g = c.parallel.grad_dtype;
+  if (g != "auto" && g != m.dtype && !(g == "fp32" && m.dtype == "bf16"))
+    ck.fail(cat("parallel%grad_dtype = ", q(g), " needs model%dtype = 'bf16' (got ",
+                          q(m.dtype), "); leave it 'auto' for an ", m.dtype, " model"));
+
 }
 
 }  // namespace
+
+PrecisionPolicy precision_policy(const Config& c) {
+  auto parse = [](const std::string& s) {
+    return s == "fp64" ? Precision::fp64 : s == "bf16" ? Precision::bf16 : Precision::fp32;
+  };
+  PrecisionPolicy p;
+  p.compute = parse(c.model.dtype);
+  p.master = p.compute == Precision::bf16 ? Precision::fp32 : p.compute;
+  p.grad = c.parallel.grad_dtype == "auto" ? p.master : parse(c.parallel.grad_dtype);
+  p.wire = p.grad;
+  return p;
+}
 
 void validate(Config& c, int world_size) {
   const Checker ck{c.deck_path.empty() ? std::string("<deck>") : c.deck_path};

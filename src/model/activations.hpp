@@ -4,12 +4,21 @@
 // counts. With V = std::int64_t the visit sums sizes (model::activation_sizes, which
 // `--plan` prints); with V = a view it carves a buffer (model/stage.cpp). A new layer or a
 // recomputation mode changes these lists, and both the plan and the buffers follow.
+// Statistics (LayerNorm mean and rstd, the log-sum-exp, the cross-entropy's) are fields of
+// type S, kept in the compute type's accumulate type (fp32 in a bf16 run), and the scratch of
+// the LayerNorm parameter gradients of type W (the grad type). describe passes each field's
+// Role as a third argument (visitors: `[&](auto& field, std::int64_t n, Role role =
+// Role::value)`), so sizes and buffers keep the three apart whatever the types.
 #pragma once
 #include <cstdint>
 
 #include "model/layout.hpp"
 
 namespace ptrain::model {
+
+// What a described field holds: the compute type, a statistic (accumulate type), a
+// gradient (grad type).
+enum class Role { value, stat, grad };
 
 // The sizes that shape a stage's activations for micro-batches of B samples.
 struct ActShape {
@@ -83,18 +92,20 @@ void describe(MoeScratch<V>& a, const ActShape& s, F&& f) {
   f(a.dpre, s.expert_rows * s.Fl), f(a.dxr, s.expert_rows * s.C), f(a.dxs, sent * s.C);
 }
 
+
 // One block: res2 = x + attn(LN1(x)), res3 = res2 + mlp(LN2(res2)).
-template <class V>
+template <class V, class S = V>
 struct BlockActs {
-  V ln1, qkv, atty, lse;  // (BT, C) gathered, (BT, 3Cl), (BT, Cl), (B, NHl, T)
-  V ln2;                  // (BT, C) gathered
+  V ln1, qkv, atty;  // (BT, C) gathered, (BT, 3Cl), (BT, Cl)
+  S lse;             // (B, NHl, T)
+  V ln2;             // (BT, C) gathered
   MlpActs<V> mlp;  // a dense block's
   MoeActs<V> moe;  // a MoE block's
-  V ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (R) each
+  S ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (R) each
   V res2, res3;                              // (R, C)
 };
-template <class V, class F>
-void describe(BlockActs<V>& a, const ActShape& s, F&& f) {
+template <class V, class S, class F>
+void describe(BlockActs<V, S>& a, const ActShape& s, F&& f) {
   // n elements, or none when the field is in the other part (`cheap`: selective drops it).
   const bool sel = s.recompute == Recompute::selective, full = s.recompute == Recompute::full;
   auto part = [&](bool cheap, std::int64_t n) {
@@ -102,15 +113,17 @@ void describe(BlockActs<V>& a, const ActShape& s, F&& f) {
     return s.part == ActShape::whole || (s.part == ActShape::recomputed) == redone ? n : 0;
   };
   f(a.ln1, part(true, s.BT * s.C)), f(a.qkv, part(false, s.BT * 3 * s.Cl));
-  f(a.atty, part(true, s.BT * s.Cl)), f(a.lse, part(false, s.BT * s.NHl));
+  f(a.atty, part(true, s.BT * s.Cl)), f(a.lse, part(false, s.BT * s.NHl), Role::stat);
   f(a.ln2, part(true, s.BT * s.C));
   if (s.moe) {
-    describe(a.moe, s, [&](V& field, std::int64_t n) { f(field, part(false, n)); });
+    describe(a.moe, s, [&](auto& field, std::int64_t n, Role r = Role::value) {
+      f(field, part(false, n), r);
+    });
   } else {
     f(a.mlp.fch, part(false, s.BT * s.Fl)), f(a.mlp.fch_gelu, part(true, s.BT * s.Fl));
   }
-  f(a.ln1_mean, part(false, s.R)), f(a.ln1_rstd, part(false, s.R));
-  f(a.ln2_mean, part(false, s.R)), f(a.ln2_rstd, part(false, s.R));
+  f(a.ln1_mean, part(false, s.R), Role::stat), f(a.ln1_rstd, part(false, s.R), Role::stat);
+  f(a.ln2_mean, part(false, s.R), Role::stat), f(a.ln2_rstd, part(false, s.R), Role::stat);
   f(a.res2, part(false, s.R * s.C));
   // res3, the next block's input, is always kept
   f(a.res3, s.part == ActShape::recomputed ? 0 : s.R * s.C);
@@ -127,45 +140,55 @@ void describe(InputActs<V>& a, const ActShape& s, F&& f) {
 }
 
 // The head of the last stage: final LayerNorm, tied LM head, vocab-parallel cross-entropy.
-template <class V>
+template <class V, class S = V>
 struct HeadActs {
-  V lnf, lnf_mean, lnf_rstd;  // (BT, C) gathered, (R), (R)
-  V logits, losses, row_max;  // (BT, Vl), (BT), (BT)
-  V sums;                     // (2, BT): sum of exponentials, target logit (reduced together)
+  V lnf;                  // (BT, C) gathered
+  S lnf_mean, lnf_rstd;   // (R), (R)
+  V logits;               // (BT, Vl)
+  S losses, row_max;      // (BT), (BT)
+  S sums;                 // (2, BT): sum of exponentials, target logit (reduced together)
 };
-template <class V, class F>
-void describe(HeadActs<V>& a, const ActShape& s, F&& f) {
-  f(a.lnf, s.BT * s.C), f(a.lnf_mean, s.R), f(a.lnf_rstd, s.R);
-  f(a.logits, s.BT * s.Vl), f(a.losses, s.BT), f(a.row_max, s.BT), f(a.sums, 2 * s.BT);
+template <class V, class S, class F>
+void describe(HeadActs<V, S>& a, const ActShape& s, F&& f) {
+  f(a.lnf, s.BT * s.C), f(a.lnf_mean, s.R, Role::stat), f(a.lnf_rstd, s.R, Role::stat);
+  f(a.logits, s.BT * s.Vl), f(a.losses, s.BT, Role::stat), f(a.row_max, s.BT, Role::stat);
+  f(a.sums, 2 * s.BT, Role::stat);
 }
 
 // The backward's scratch, shared by the micro-batches of a stage (one backward at a time);
 // `partial` of the forward (tp partial sums before their reduction) reuses dres.
-template <class V>
+template <class V, class W = V>
 struct Scratch {
   V dres, dln;  // d(residual) (R, C) in a (BT, C) slot; d(LayerNorm out) (BT, C)
   MlpScratch<V> mlp;
   MoeScratch<V> moe;
-  V datty, dqkv;   // (BT, Cl), (BT, 3Cl)
-  V dfull, dnorm;  // sequence parallel only: d(residual) gathered (BT, C); LN grads (2C)
+  V datty, dqkv;  // (BT, Cl), (BT, 3Cl)
+  V dfull;        // sequence parallel only: d(residual) gathered (BT, C)
+  W dnorm;        // sequence parallel only: LN parameter gradients (2C)
 };
-template <class V, class F>
-void describe(Scratch<V>& a, const ActShape& s, F&& f) {
+template <class V, class W, class F>
+void describe(Scratch<V, W>& a, const ActShape& s, F&& f) {
   f(a.dres, s.BT * s.C), f(a.dln, s.BT * s.C);
   if (s.moe)
     describe(a.moe, s, f);
   else
     describe(a.mlp, s, f);
   f(a.datty, s.BT * s.Cl), f(a.dqkv, s.BT * 3 * s.Cl);
-  f(a.dfull, s.sp ? s.BT * s.C : 0), f(a.dnorm, s.sp ? 2 * s.C : 0);
+  f(a.dfull, s.sp ? s.BT * s.C : 0), f(a.dnorm, s.sp ? 2 * s.C : 0, Role::grad);
 }
 
-// Total elements of one description.
-template <template <class> class Acts>
-std::int64_t size_of(const ActShape& s) {
-  Acts<std::int64_t> a;
-  std::int64_t n = 0;
-  describe(a, s, [&](std::int64_t& field, std::int64_t count) { n += (field = count); });
+// Elements of one description: of the compute type, statistics, gradient scratch.
+struct DescribedSizes {
+  std::int64_t values = 0, stats = 0, grads = 0;
+};
+template <class Acts>
+DescribedSizes sizes_of(const ActShape& s) {
+  Acts a;
+  DescribedSizes n;
+  describe(a, s, [&](std::int64_t& field, std::int64_t count, Role role = Role::value) {
+    field = count;
+    (role == Role::stat ? n.stats : role == Role::grad ? n.grads : n.values) += count;
+  });
   return n;
 }
 

@@ -97,28 +97,35 @@ std::int64_t piece_numel(const std::vector<SeqPiece>& pieces, std::int64_t B, in
 
 template <class T>
 void ring_attention_forward(const ContextParallel& cp, int B, int NH, int HS, K::CVec<T> qkv,
-                            K::Vec<T> out, K::Vec<T> lse) {
+                            K::Vec<T> out, K::Vec<accumulate_t<T>> lse) {
+  using A = accumulate_t<T>;
   const Ring ring(cp, B, NH, HS);
   const std::vector<SeqPiece>& mine = cp.pieces();
   const int Cl = ring.Cl, L = ring.L;
   int longest = 0;
   for (const SeqPiece& p : mine) longest = std::max(longest, p.len);
   // workspace: two K/V blocks (the one in use, the one arriving) | per-piece merged output
-  // (B, len, Cl) and lse (B, NH, len) | one call's output and lse
-  const std::int64_t kv = ring.kv_numel(), acc = piece_numel(mine, B, Cl + NH),
-                     one = std::int64_t(B) * longest * (Cl + NH);
+  // (B, len, Cl) | one call's output; and in the accumulate type, per-piece lse (B, NH, len) |
+  // one call's lse
+  const std::int64_t kv = ring.kv_numel(), acc = piece_numel(mine, B, Cl),
+                     one = std::int64_t(B) * longest * Cl;
   TrackedView<T> work(MemCategory::workspace, "ptrain::ring_attention", std::size_t(2 * kv + acc + one));
+  TrackedView<A> stats(MemCategory::workspace, "ptrain::ring_attention_lse",
+                       std::size_t(piece_numel(mine, B, NH) + std::int64_t(B) * longest * NH));
   const K::Vec<T> w = work.view();
+  const K::Vec<A> st = stats.view();
   const K::Vec<T> blocks[2] = {slice(w, 0, kv), slice(w, kv, kv)};
-  std::vector<K::Vec<T>> acc_out, acc_lse;
-  std::int64_t at = 2 * kv;
+  std::vector<K::Vec<T>> acc_out;
+  std::vector<K::Vec<A>> acc_lse;
+  std::int64_t at = 2 * kv, at_lse = 0;
   for (const SeqPiece& p : mine) {
     acc_out.push_back(slice(w, at, std::int64_t(B) * p.len * Cl));
-    acc_lse.push_back(slice(w, at + std::int64_t(B) * p.len * Cl, std::int64_t(B) * NH * p.len));
-    at += std::int64_t(B) * p.len * (Cl + NH);
+    acc_lse.push_back(slice(st, at_lse, std::int64_t(B) * NH * p.len));
+    at += std::int64_t(B) * p.len * Cl;
+    at_lse += std::int64_t(B) * NH * p.len;
   }
-  const K::Vec<T> one_out = slice(w, at, std::int64_t(B) * longest * Cl),
-                  one_lse = slice(w, at + std::int64_t(B) * longest * Cl, std::int64_t(B) * NH * longest);
+  const K::Vec<T> one_out = slice(w, at, std::int64_t(B) * longest * Cl);
+  const K::Vec<A> one_lse = slice(st, at_lse, std::int64_t(B) * NH * longest);
   ring.pack_kv<T>(blocks[0], qkv);
 
   std::vector<bool> filled(mine.size(), false);
@@ -137,7 +144,8 @@ void ring_attention_forward(const ContextParallel& cp, int B, int NH, int HS, K:
           const K::AttentionConfig cfg = piece_config(qp, kp);
           cp.count_pairs(std::int64_t(B) * NH * K::attention_pairs(qp.len, kp.len, cfg));
           // The first result for a piece goes straight to its accumulator; later ones merge.
-          const K::Vec<T> o = filled[qi] ? one_out : acc_out[qi], l = filled[qi] ? one_lse : acc_lse[qi];
+          const K::Vec<T> o = filled[qi] ? one_out : acc_out[qi];
+          const K::Vec<A> l = filled[qi] ? one_lse : acc_lse[qi];
           K::attention_forward<T>(o, l, piece_heads<T>(qkv, qp, L, 3 * Cl, 0),
                                   piece_heads<T>(K::CVec<T>(held), kp, L, 2 * Cl, 0),
                                   piece_heads<T>(K::CVec<T>(held), kp, L, 2 * Cl, Cl), B, qp.len,
@@ -155,40 +163,48 @@ void ring_attention_forward(const ContextParallel& cp, int B, int NH, int HS, K:
     PTRAIN_REQUIRE(filled[qi], "ring attention: piece at ", p.global, " saw no keys");
     K::copy_strided<T>(out, ring.in_rows(p, Cl), acc_out[qi], Ring::dense(p, Cl), B, p.len, Cl);
     // lse (B*NH, L): the piece's columns of every (b, h) row
-    K::copy_strided<T>(lse, {std::size_t(p.local), std::size_t(L), 0}, acc_lse[qi],
+    K::copy_strided<A>(lse, {std::size_t(p.local), std::size_t(L), 0}, acc_lse[qi],
                        {0, std::size_t(p.len), 0}, B * NH, 1, p.len);
   }
 }
 
 template <class T>
 void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS, K::CVec<T> qkv,
-                             K::CVec<T> out, K::CVec<T> lse, K::CVec<T> dout, K::Vec<T> dqkv) {
+                             K::CVec<T> out, K::CVec<accumulate_t<T>> lse, K::CVec<T> dout,
+                             K::Vec<T> dqkv) {
+  using A = accumulate_t<T>;
   const Ring ring(cp, B, NH, HS);
   const std::vector<SeqPiece>& mine = cp.pieces();
   const int Cl = ring.Cl, L = ring.L;
   // workspace: two K/V blocks | two dK/dV accumulators being sent on | the one arriving |
-  // per-piece copies of out and dout (B, len, Cl) and lse (B, NH, len), as the kernel reads them
-  const std::int64_t kv = ring.kv_numel(), per_piece = piece_numel(mine, B, 2 * Cl + NH);
+  // per-piece copies of out and dout (B, len, Cl), and of lse (B, NH, len) in the accumulate
+  // type, as the kernel reads them
+  const std::int64_t kv = ring.kv_numel(), per_piece = piece_numel(mine, B, 2 * Cl);
   TrackedView<T> work(MemCategory::workspace, "ptrain::ring_attention_backward",
                       std::size_t(5 * kv + per_piece));
+  TrackedView<A> stats(MemCategory::workspace, "ptrain::ring_attention_backward_lse",
+                       std::size_t(piece_numel(mine, B, NH)));
   const K::Vec<T> w = work.view();
+  const K::Vec<A> st = stats.view();
   const K::Vec<T> blocks[2] = {slice(w, 0, kv), slice(w, kv, kv)};
   const K::Vec<T> sums[2] = {slice(w, 2 * kv, kv), slice(w, 3 * kv, kv)};
   const K::Vec<T> arriving = slice(w, 4 * kv, kv);
   struct PieceCopy {
-    K::Vec<T> out, dout, lse;
+    K::Vec<T> out, dout;
+    K::Vec<A> lse;
   };
   std::vector<PieceCopy> copies;
-  std::int64_t at = 5 * kv;
+  std::int64_t at = 5 * kv, at_lse = 0;
   for (const SeqPiece& p : mine) {
     const std::int64_t n = std::int64_t(B) * p.len * Cl;
-    PieceCopy c{slice(w, at, n), slice(w, at + n, n), slice(w, at + 2 * n, std::int64_t(B) * NH * p.len)};
+    PieceCopy c{slice(w, at, n), slice(w, at + n, n), slice(st, at_lse, std::int64_t(B) * NH * p.len)};
     K::copy_strided<T>(c.out, Ring::dense(p, Cl), out, ring.in_rows(p, Cl), B, p.len, Cl);
     K::copy_strided<T>(c.dout, Ring::dense(p, Cl), dout, ring.in_rows(p, Cl), B, p.len, Cl);
-    K::copy_strided<T>(c.lse, {0, std::size_t(p.len), 0}, lse, {std::size_t(p.local), std::size_t(L), 0},
+    K::copy_strided<A>(c.lse, {0, std::size_t(p.len), 0}, lse, {std::size_t(p.local), std::size_t(L), 0},
                        B * NH, 1, p.len);
     copies.push_back(c);
-    at += 2 * n + std::int64_t(B) * NH * p.len;
+    at += 2 * n;
+    at_lse += std::int64_t(B) * NH * p.len;
   }
   profile::region("zero-fill", [&] { K::fill(dqkv, T(0)); });
   ring.pack_kv<T>(blocks[0], qkv);
@@ -223,7 +239,7 @@ void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS, K
     });
     if (step > 0) {
       partial.wait();
-      profile::region("attention", [&] { K::axpy<T>(sum, T(1), arriving); });
+      profile::region("attention", [&] { K::axpy<T>(sum, A(1), arriving); });
     }
     // On to the next rank; after the last step that is the block's owner.
     sent[step % 2] = cp.comm().send(sum.data(), std::size_t(kv), ring.next, kTagDKV);
@@ -237,13 +253,15 @@ void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS, K
   sent[1].wait();
 }
 
-#define PTRAIN_RING_INSTANTIATE(T)                                                         \
-  template void ring_attention_forward<T>(const ContextParallel&, int, int, int, K::CVec<T>, \
-                                          K::Vec<T>, K::Vec<T>);                           \
-  template void ring_attention_backward<T>(const ContextParallel&, int, int, int, K::CVec<T>, \
-                                           K::CVec<T>, K::CVec<T>, K::CVec<T>, K::Vec<T>);
+#define PTRAIN_RING_INSTANTIATE(T)                                                           \
+  template void ring_attention_forward<T>(const ContextParallel&, int, int, int, K::CVec<T>,   \
+                                          K::Vec<T>, K::Vec<accumulate_t<T>>);               \
+  template void ring_attention_backward<T>(const ContextParallel&, int, int, int, K::CVec<T>,  \
+                                           K::CVec<T>, K::CVec<accumulate_t<T>>, K::CVec<T>,   \
+                                           K::Vec<T>);
 PTRAIN_RING_INSTANTIATE(float)
 PTRAIN_RING_INSTANTIATE(double)
+PTRAIN_RING_INSTANTIATE(bf16)
 #undef PTRAIN_RING_INSTANTIATE
 
 }  // namespace ptrain::model

@@ -12,6 +12,7 @@
 
 #include "comm/comm.hpp"
 #include "kernels/view.hpp"
+#include "util/precision.hpp"
 #include "model/layout.hpp"
 
 namespace ptrain::model {
@@ -51,11 +52,13 @@ class ContextParallel {
 // qkv: (B*L, 3*NH*HS), L = local_len; out: (B*L, NH*HS) [=]; lse: (B, NH, L) [=].
 template <class T>
 void ring_attention_forward(const ContextParallel& cp, int B, int NH, int HS,
-                            kernels::CVec<T> qkv, kernels::Vec<T> out, kernels::Vec<T> lse);
+                            kernels::CVec<T> qkv, kernels::Vec<T> out,
+                            kernels::Vec<accumulate_t<T>> lse);
 // dqkv: (B*L, 3*NH*HS) [=] from dout (B*L, NH*HS) and the forward's out and lse.
 template <class T>
 void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS,
-                             kernels::CVec<T> qkv, kernels::CVec<T> out, kernels::CVec<T> lse,
-                             kernels::CVec<T> dout, kernels::Vec<T> dqkv);
+                             kernels::CVec<T> qkv, kernels::CVec<T> out,
+                             kernels::CVec<accumulate_t<T>> lse, kernels::CVec<T> dout,
+                             kernels::Vec<T> dqkv);
 
 }  // namespace ptrain::model

@@ -79,5 +79,9 @@ template void init_range<float>(const ChunkLayout&, const Dims&, std::uint64_t, 
                                 std::int64_t);
 template void init_range<double>(const ChunkLayout&, const Dims&, std::uint64_t, K::Vec<double>,
                                  std::int64_t);
+// bf16(double -> float): the rounding of the fp32 value, so a bf16 copy of fp32 masters
+// initialised here equals the bf16 initialisation.
+template void init_range<bf16>(const ChunkLayout&, const Dims&, std::uint64_t, K::Vec<bf16>,
+                               std::int64_t);
 
 }  // namespace ptrain::model

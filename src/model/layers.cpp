@@ -72,76 +72,76 @@ void TensorParallel::gather_rows(const Vec<T>& full) const {
 
 // ---- LayerNorm ---------------------------------------------------------------------
 
-template <class T>
-void LayerNorm<T>::forward(const Ctx& c, CVec<T> x, Vec<T> out, Vec<T> mean, Vec<T> rstd) const {
+template <class P>
+void LayerNorm<P>::forward(const Ctx& c, CVec<T> x, Vec<T> out, Vec<A> mean, Vec<A> rstd) const {
   profile::region("layernorm",
                   [&] { K::layernorm_forward<T>(out, mean, rstd, x, w, b, int(c.R), C); });
 }
 
-template <class T>
-void LayerNorm<T>::backward(const Ctx& c, CVec<T> x, CVec<T> mean, CVec<T> rstd, CVec<T> dout,
-                            Vec<T> dx, Vec<T> scratch) const {
+template <class P>
+void LayerNorm<P>::backward(const Ctx& c, CVec<T> x, CVec<A> mean, CVec<A> rstd, CVec<T> dout,
+                            Vec<T> dx, Vec<G> scratch) const {
   if (!c.tp->sp()) {
     profile::region("layernorm", [&] {
-      K::layernorm_backward<T>(dx, dw, db, dout, x, w, mean, rstd, int(c.R), C);
+      K::layernorm_backward<T, G>(dx, dw, db, dout, x, w, mean, rstd, int(c.R), C);
     });
     return;
   }
   const auto dw_part = slice(scratch, 0, C), db_part = slice(scratch, C, C);
   profile::region("layernorm", [&] {
-    K::fill(scratch, T(0));
-    K::layernorm_backward<T>(dx, dw_part, db_part, dout, x, w, mean, rstd, int(c.R), C);
+    K::fill(scratch, G(0));
+    K::layernorm_backward<T, G>(dx, dw_part, db_part, dout, x, w, mean, rstd, int(c.R), C);
   });
   c.tp->sum(scratch);
-  K::axpy<T>(dw, T(1), dw_part);
-  K::axpy<T>(db, T(1), db_part);
+  K::axpy<G>(dw, 1, dw_part);
+  K::axpy<G>(db, 1, db_part);
 }
 
 // ---- tensor-parallel linear layers -------------------------------------------------------
 
-template <class T>
-void ColumnParallelLinear<T>::forward(const Ctx& c, Vec<T> x, Vec<T> y) const {
+template <class P>
+void ColumnParallelLinear<P>::forward(const Ctx& c, Vec<T> x, Vec<T> y) const {
   c.tp->gather_rows(x);
   profile::region("matmul", [&] { K::matmul_forward<T>(y, x, w, b, int(c.BT), in, out); });
 }
 
-template <class T>
-Vec<T> ColumnParallelLinear<T>::backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<T> dx,
-                                         Vec<T> rows) const {
+template <class P>
+auto ColumnParallelLinear<P>::backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<T> dx,
+                                         Vec<T> rows) const -> Vec<T> {
   profile::region("matmul",
-                  [&] { K::matmul_backward<T>(dx, dw, db, dy, x, w, int(c.BT), in, out); });
+                  [&] { K::matmul_backward<T, G>(dx, dw, db, dy, x, w, int(c.BT), in, out); });
   const Vec<T> mine = c.tp->sp() ? rows : dx;
   c.tp->sum_to_rows(dx, mine);
   return mine;
 }
 
-template <class T>
-void RowParallelLinear<T>::forward(const Ctx& c, CVec<T> x, Vec<T> partial, Vec<T> y) const {
+template <class P>
+void RowParallelLinear<P>::forward(const Ctx& c, CVec<T> x, Vec<T> partial, Vec<T> y) const {
   const Vec<T> p = c.tp->sp() ? partial : y;
   const Vec<T> bias = c.tp->rank() == 0 ? b : Vec<T>();
   profile::region("matmul", [&] { K::matmul_forward<T>(p, x, w, bias, int(c.BT), in, out); });
   c.tp->sum_to_rows(p, y);
 }
 
-template <class T>
-void RowParallelLinear<T>::backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full,
+template <class P>
+void RowParallelLinear<P>::backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full,
                                     Vec<T> dx) const {
   const Vec<T> d = all_rows(c, dy, full, out);
   profile::region("matmul",
-                  [&] { K::matmul_backward<T>(dx, dw, db, d, x, w, int(c.BT), in, out); });
+                  [&] { K::matmul_backward<T, G>(dx, dw, db, d, x, w, int(c.BT), in, out); });
 }
 
 // ---- attention, MLP ------------------------------------------------------------------------
 
-template <class T>
-void Attention<T>::forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<T> lse) const {
+template <class P>
+void Attention<P>::forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<A> lse) const {
   if (c.ring()) return ring_attention_forward<T>(*c.cp, c.B, NH, HS, qkv, out, lse);
   profile::region("attention",
                   [&] { K::attention_forward<T>(out, lse, qkv, c.B, c.S, NH, HS); });
 }
 
-template <class T>
-void Attention<T>::backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<T> lse, CVec<T> dout,
+template <class P>
+void Attention<P>::backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<A> lse, CVec<T> dout,
                             Vec<T> dqkv) const {
   if (c.ring()) return ring_attention_backward<T>(*c.cp, c.B, NH, HS, qkv, out, lse, dout, dqkv);
   profile::region("attention", [&] {
@@ -149,16 +149,16 @@ void Attention<T>::backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<T> lse,
   });
 }
 
-template <class T>
-void MLP<T>::forward(const Ctx& c, Vec<T> x, const Acts& a, Vec<T> partial, Vec<T> y) const {
+template <class P>
+void MLP<P>::forward(const Ctx& c, Vec<T> x, const Acts& a, Vec<T> partial, Vec<T> y) const {
   fc.forward(c, x, a.fch);
   profile::region("gelu", [&] { K::gelu_forward<T>(a.fch_gelu, a.fch, a.fch.extent(0)); });
   proj.forward(c, a.fch_gelu, partial, y);
 }
 
-template <class T>
-Vec<T> MLP<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> dy, const Grads& g,
-                        Vec<T> full, Vec<T> dx, Vec<T> rows) const {
+template <class P>
+auto MLP<P>::backward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> dy, const Grads& g,
+                        Vec<T> full, Vec<T> dx, Vec<T> rows) const -> Vec<T> {
   proj.backward(c, a.fch_gelu, dy, full, g.dgelu);
   profile::region("gelu",
                   [&] { K::gelu_backward<T>(g.dfch, a.fch, g.dgelu, a.fch.extent(0)); });
@@ -167,8 +167,8 @@ Vec<T> MLP<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> dy, const
 
 // ---- embedding and head --------------------------------------------------------------------
 
-template <class T>
-void Embedding<T>::forward(const Ctx& c, K::IntVec tokens, Vec<T> partial, Vec<T> x) const {
+template <class P>
+void Embedding<P>::forward(const Ctx& c, K::IntVec tokens, Vec<T> partial, Vec<T> x) const {
   const Vec<T> out = c.tp->sp() ? partial : x;
   const K::IntVec positions = c.cp ? c.cp->positions() : K::IntVec();
   profile::region("embedding", [&] {
@@ -178,17 +178,17 @@ void Embedding<T>::forward(const Ctx& c, K::IntVec tokens, Vec<T> partial, Vec<T
   c.tp->sum_to_rows(out, x);
 }
 
-template <class T>
-void Embedding<T>::backward(const Ctx& c, K::IntVec tokens, Vec<T> dx, Vec<T> full) const {
+template <class P>
+void Embedding<P>::backward(const Ctx& c, K::IntVec tokens, Vec<T> dx, Vec<T> full) const {
   const Vec<T> d = all_rows(c, dx, full, C);
   const K::IntVec positions = c.cp ? c.cp->positions() : K::IntVec();
   profile::region("embedding", [&] {
-    K::encoder_backward<T>(dwte, dwpe, d, tokens, positions, c.B, c.S, C, v_begin, Vl);
+    K::encoder_backward<T, G>(dwte, dwpe, d, tokens, positions, c.B, c.S, C, v_begin, Vl);
   });
 }
 
-template <class T>
-double Head<T>::forward(const Ctx& c, CVec<T> x, const Acts& a, K::IntVec targets) const {
+template <class P>
+double Head<P>::forward(const Ctx& c, CVec<T> x, const Acts& a, K::IntVec targets) const {
   const int BT = int(c.BT);
   const K::VocabShard shard{c.tp->rank() * lm.out, lm.out, v_real};
   const auto sumexp = slice(a.sums, 0, BT), target_logit = slice(a.sums, BT, BT);
@@ -205,16 +205,16 @@ double Head<T>::forward(const Ctx& c, CVec<T> x, const Acts& a, K::IntVec target
     K::crossentropy_loss<T>(a.losses, a.row_max, sumexp, target_logit, BT);
   });
   double sum = 0;
-  const Vec<T> losses = a.losses;
+  const Vec<A> losses = a.losses;
   Kokkos::parallel_reduce(
       "ptrain::loss_sum", Kokkos::RangePolicy<>(0, BT),
       KOKKOS_LAMBDA(const int i, double& s) { s += double(losses(i)); }, sum);
   return sum;
 }
 
-template <class T>
-void Head<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, K::IntVec targets, T dloss,
-                       Vec<T> dx, Vec<T> dln, Vec<T> rows, Vec<T> norm_scratch) const {
+template <class P>
+void Head<P>::backward(const Ctx& c, CVec<T> x, const Acts& a, K::IntVec targets, A dloss,
+                       Vec<T> dx, Vec<T> dln, Vec<T> rows, Vec<G> norm_scratch) const {
   const K::VocabShard shard{c.tp->rank() * lm.out, lm.out, v_real};
   profile::region("crossentropy", [&] {
     K::crossentropy_backward<T>(a.logits, a.row_max, slice(a.sums, 0, c.BT), targets, int(c.BT),
@@ -227,24 +227,24 @@ void Head<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, K::IntVec targets
 
 // ---- Block ---------------------------------------------------------------------------------
 
-template <class T>
-void Block<T>::forward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> partial) const {
+template <class P>
+void Block<P>::forward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> partial) const {
   const int C = ln1.C;
   ln1.forward(c, x, own_rows(c, a.ln1, C), a.ln1_mean, a.ln1_rstd);
   qkv.forward(c, a.ln1, a.qkv);
   attn.forward(c, a.qkv, a.atty, a.lse);
   proj.forward(c, a.atty, partial, a.res2);
-  profile::region("residual", [&] { K::axpy<T>(a.res2, T(1), x); });
+  profile::region("residual", [&] { K::axpy<T>(a.res2, A(1), x); });
   ln2.forward(c, a.res2, own_rows(c, a.ln2, C), a.ln2_mean, a.ln2_rstd);
   if (routing)
     moe.forward(c, a.ln2, a.moe, *routing, partial, a.res3);
   else
     mlp.forward(c, a.ln2, a.mlp, partial, a.res3);
-  profile::region("residual", [&] { K::axpy<T>(a.res3, T(1), a.res2); });
+  profile::region("residual", [&] { K::axpy<T>(a.res3, A(1), a.res2); });
 }
 
-template <class T>
-void Block<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) const {
+template <class P>
+void Block<P>::backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) const {
   // Under SP the reduced d(LayerNorm out) rows land in dfull, free until its next gather.
   const Vec<T> rows = c.tp->sp() ? slice(g.dfull, 0, c.R * ln1.C) : g.dln;
   // g.dres holds d(res3): the MLP branch, then d(res2) = d(res3) + LN2'(...).
@@ -258,8 +258,8 @@ void Block<T>::backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) 
   ln1.backward(c, x, a.ln1_mean, a.ln1_rstd, dy, g.dres, g.dnorm);
 }
 
-template <class T>
-void Block<T>::recompute(const Ctx& c, CVec<T> x, const Acts& a, Recompute mode,
+template <class P>
+void Block<P>::recompute(const Ctx& c, CVec<T> x, const Acts& a, Recompute mode,
                          Vec<T> partial) const {
   if (mode == Recompute::full) return forward(c, x, a, partial);
   if (mode != Recompute::selective) return;
@@ -280,17 +280,25 @@ void Block<T>::recompute(const Ctx& c, CVec<T> x, const Acts& a, Recompute mode,
   template void TensorParallel::max<T>(const Vec<T>&) const;                           \
   template void TensorParallel::sum_to_rows<T>(const Vec<T>&, const Vec<T>&) const;    \
   template void TensorParallel::gather_rows<T>(const Vec<T>&) const;                   \
-  template Vec<T> own_rows<T>(const Ctx&, const Vec<T>&, std::int64_t);                \
-  template struct LayerNorm<T>;                                                        \
-  template struct ColumnParallelLinear<T>;                                             \
-  template struct RowParallelLinear<T>;                                                \
-  template struct Attention<T>;                                                        \
-  template struct MLP<T>;                                                              \
-  template struct Embedding<T>;                                                        \
-  template struct Head<T>;                                                             \
-  template struct Block<T>;
+  template Vec<T> own_rows<T>(const Ctx&, const Vec<T>&, std::int64_t);
 PTRAIN_LAYERS_INSTANTIATE(float)
 PTRAIN_LAYERS_INSTANTIATE(double)
+PTRAIN_LAYERS_INSTANTIATE(bf16)
+#undef PTRAIN_LAYERS_INSTANTIATE
+
+#define PTRAIN_LAYERS_INSTANTIATE(P) \
+  template struct LayerNorm<P>;      \
+  template struct ColumnParallelLinear<P>; \
+  template struct RowParallelLinear<P>;    \
+  template struct Attention<P>;            \
+  template struct MLP<P>;                  \
+  template struct Embedding<P>;            \
+  template struct Head<P>;                 \
+  template struct Block<P>;
+PTRAIN_LAYERS_INSTANTIATE(Fp32)
+PTRAIN_LAYERS_INSTANTIATE(Fp64)
+PTRAIN_LAYERS_INSTANTIATE(Bf16)
+PTRAIN_LAYERS_INSTANTIATE(Bf16Grads)
 #undef PTRAIN_LAYERS_INSTANTIATE
 
 }  // namespace ptrain::model

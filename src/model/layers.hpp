@@ -21,6 +21,7 @@
 #include "model/activations.hpp"
 #include "model/context_parallel.hpp"
 #include "model/moe.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::model {
 
@@ -75,21 +76,29 @@ struct Ctx {
 template <class T>
 Vec<T> own_rows(const Ctx& c, const Vec<T>& full, std::int64_t C);
 
-template <class T>
+// The layers are instantiated per precision policy P (util/precision.hpp): weights and
+// activations in P::compute (T), parameter gradients in P::grad (G), statistics (LayerNorm
+// mean and rstd, the attention's log-sum-exp, the cross-entropy's) in T's accumulate type (A).
+
+template <class P>
 struct LayerNorm {
-  Vec<T> w, b, dw, db;  // (C)
+  PTRAIN_POLICY_TYPES(P);
+  Vec<T> w, b;   // (C)
+  Vec<G> dw, db;  // (C)
   int C = 0;
   // out, mean, rstd: (R, C), (R), (R) [=] LN(x (R, C)).
-  void forward(const Ctx& c, CVec<T> x, Vec<T> out, Vec<T> mean, Vec<T> rstd) const;
+  void forward(const Ctx& c, CVec<T> x, Vec<T> out, Vec<A> mean, Vec<A> rstd) const;
   // dx (R, C) [+=] LN'(dout (R, C)); dw, db [+=] (under SP each rank saw only its rows: the
   // partial sums, in `scratch` (2C), are summed over tp first).
-  void backward(const Ctx& c, CVec<T> x, CVec<T> mean, CVec<T> rstd, CVec<T> dout, Vec<T> dx,
-                Vec<T> scratch) const;
+  void backward(const Ctx& c, CVec<T> x, CVec<A> mean, CVec<A> rstd, CVec<T> dout, Vec<T> dx,
+                Vec<G> scratch) const;
 };
 
-template <class T>
+template <class P>
 struct ColumnParallelLinear {
-  Vec<T> w, b, dw, db;  // (out, in), (out) or empty; out = this rank's columns
+  PTRAIN_POLICY_TYPES(P);
+  Vec<T> w, b;    // (out, in), (out) or empty; out = this rank's columns
+  Vec<G> dw, db;  // their gradients
   int in = 0, out = 0;
   // x (BT, in) holds this rank's rows in place (all of them without SP); they are gathered
   // over tp. y (BT, out) [=] x w^T + b.
@@ -99,9 +108,11 @@ struct ColumnParallelLinear {
   Vec<T> backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<T> dx, Vec<T> rows) const;
 };
 
-template <class T>
+template <class P>
 struct RowParallelLinear {
-  Vec<T> w, b, dw, db;  // (out, in), (out): in = this rank's columns; b added by tp rank 0
+  PTRAIN_POLICY_TYPES(P);
+  Vec<T> w, b;    // (out, in), (out): in = this rank's columns; b added by tp rank 0
+  Vec<G> dw, db;  // their gradients
   int in = 0, out = 0;
   // y (R, out) [=] the tp sum of x (BT, in) w^T (+ b), formed in `partial` (BT, out) first
   // (partial may be y itself without SP).
@@ -113,20 +124,22 @@ struct RowParallelLinear {
 
 // Causal multi-head attention over this rank's heads on a (BT, 3Cl) qkv buffer: local, or
 // the context-parallel ring (model/context_parallel.hpp) when the sequence is cut over cp.
-template <class T>
+template <class P>
 struct Attention {
+  PTRAIN_POLICY_TYPES(P);
   int NH = 0, HS = 0;  // this rank's heads, head size
-  void forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<T> lse) const;
+  void forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<A> lse) const;
   // dqkv (BT, 3Cl) [=].
-  void backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<T> lse, CVec<T> dout,
+  void backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<A> lse, CVec<T> dout,
                 Vec<T> dqkv) const;
 };
 
 // The dense MLP, y = gelu(x W_fc^T + b_fc) W_proj^T + b_proj: the block's MLP slot.
-template <class T>
+template <class P>
 struct MLP {
-  ColumnParallelLinear<T> fc;
-  RowParallelLinear<T> proj;
+  PTRAIN_POLICY_TYPES(P);
+  ColumnParallelLinear<P> fc;
+  RowParallelLinear<P> proj;
   using Acts = MlpActs<Vec<T>>;
   using Grads = MlpScratch<Vec<T>>;
   // x (BT, C) with this rank's rows in place; y (R, C) [=] mlp(x).
@@ -138,9 +151,11 @@ struct MLP {
 
 // Vocab-parallel token embedding plus learned positions (added by tp rank 0), at the global
 // positions of this rank's rows under context parallelism.
-template <class T>
+template <class P>
 struct Embedding {
-  Vec<T> wte, wpe, dwte, dwpe;  // (Vl, C), (S, C)
+  PTRAIN_POLICY_TYPES(P);
+  Vec<T> wte, wpe;    // (Vl, C), (S, C)
+  Vec<G> dwte, dwpe;  // their gradients
   int C = 0, v_begin = 0, Vl = 0;
   // x (R, C) [=] wte[tokens] + wpe, summed over the vocabulary shards via `partial` (BT, C).
   void forward(const Ctx& c, kernels::IntVec tokens, Vec<T> partial, Vec<T> x) const;
@@ -150,32 +165,34 @@ struct Embedding {
 
 // Final LayerNorm, LM head tied to wte, vocab-parallel cross-entropy: no rank forms the full
 // logits; the row max, then the sum of exponentials and the target's logit, are reduced.
-template <class T>
+template <class P>
 struct Head {
-  LayerNorm<T> lnf;
-  ColumnParallelLinear<T> lm;  // w = wte shard (Vl, C), no bias
+  PTRAIN_POLICY_TYPES(P);
+  LayerNorm<P> lnf;
+  ColumnParallelLinear<P> lm;  // w = wte shard (Vl, C), no bias
   int v_real = 0;              // real vocabulary (padding columns never win the softmax)
-  using Acts = HeadActs<Vec<T>>;
+  using Acts = HeadActs<Vec<T>, Vec<A>>;
   // Returns the sum of the BT token losses.
   double forward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets) const;
   // dx (R, C) [=] the gradient of dloss * (sum of token losses); logits become dlogits.
-  void backward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets, T dloss,
-                Vec<T> dx, Vec<T> dln, Vec<T> rows, Vec<T> norm_scratch) const;
+  void backward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets, A dloss,
+                Vec<T> dx, Vec<T> dln, Vec<T> rows, Vec<G> norm_scratch) const;
 };
 
 // A pre-LayerNorm transformer block: LN, attention, LN, MLP slot (the dense MLP, or with
 // a routing record to fill, the MoE layer).
-template <class T>
+template <class P>
 struct Block {
-  LayerNorm<T> ln1, ln2;
-  ColumnParallelLinear<T> qkv;
-  Attention<T> attn;
-  RowParallelLinear<T> proj;
-  MLP<T> mlp;
-  MoE<T> moe;
+  PTRAIN_POLICY_TYPES(P);
+  LayerNorm<P> ln1, ln2;
+  ColumnParallelLinear<P> qkv;
+  Attention<P> attn;
+  RowParallelLinear<P> proj;
+  MLP<P> mlp;
+  MoE<P> moe;
   Routing* routing = nullptr;  // non-null: the MLP slot is `moe`
-  using Acts = BlockActs<Vec<T>>;
-  using Grads = Scratch<Vec<T>>;  // the backward's scratch; dres cut to (R, C)
+  using Acts = BlockActs<Vec<T>, Vec<A>>;
+  using Grads = Scratch<Vec<T>, Vec<G>>;  // the backward's scratch; dres cut to (R, C)
   // Acts.res3 [=] block(x (R, C)); `partial` (BT, C) is scratch.
   void forward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> partial) const;
   // g.dres (R, C): d(res3) in, d(x) out.

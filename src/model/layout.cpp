@@ -254,12 +254,22 @@ ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_
     if (moe && d.n_expert == 0) break;
     ActShape s = act_shape(d, c, B, T, sequence_parallel, moe);
     s.recompute = recompute;
-    a.per_layer = std::max(a.per_layer, size_of<BlockActs>(with_part(s, ActShape::kept)));
-    a.scratch = std::max(a.scratch, size_of<Scratch>(s));
+    using Block = BlockActs<std::int64_t>;
+    const DescribedSizes kept = sizes_of<Block>(with_part(s, ActShape::kept)),
+                         redone = sizes_of<Block>(with_part(s, ActShape::recomputed)),
+                         scratch = sizes_of<Scratch<std::int64_t>>(s),
+                         head = has_head ? sizes_of<HeadActs<std::int64_t>>(s)
+                                         : DescribedSizes{};
+    a.per_layer = std::max(a.per_layer, kept.values);
+    a.per_layer_stats = std::max(a.per_layer_stats, kept.stats);
+    a.scratch = std::max(a.scratch, scratch.values);
+    a.scratch_grads = std::max(a.scratch_grads, scratch.grads);
     // one block's recomputed tensors, and for a rerun forward its tp partial sums (BT, C)
-    a.recompute = std::max(a.recompute, size_of<BlockActs>(with_part(s, ActShape::recomputed)) +
-                                            (recompute == Recompute::full ? s.BT * s.C : 0));
-    a.outside = size_of<InputActs>(s) + (has_head ? size_of<HeadActs>(s) : 0);
+    a.recompute = std::max(a.recompute,
+                           redone.values + (recompute == Recompute::full ? s.BT * s.C : 0));
+    a.recompute_stats = std::max(a.recompute_stats, redone.stats);
+    a.outside = sizes_of<InputActs<std::int64_t>>(s).values + head.values;
+    a.outside_stats = head.stats;
   }
   return a;
 }

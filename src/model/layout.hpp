@@ -122,12 +122,19 @@ namespace ptrain::model {
 // Elements of the activations one chunk keeps for the backward of one micro-batch, and of
 // the backward's scratch: totals of the lists in model/activations.hpp, which the stage
 // carves its buffers from. `--plan` prints them.
+// Elements of the compute type, and (the *_stats fields) of its accumulate type: the
+// statistics, fp32 in a bf16 run; scratch_grads of the grad type.
 struct ActivationSizes {
   std::int64_t per_layer = 0;  // kept per block (BlockActs, less what recompute rebuilds)
   std::int64_t outside = 0;    // the stage input, and the head's (InputActs, HeadActs)
   std::int64_t scratch = 0;    // backward gradients of activations, reused across blocks
   std::int64_t recompute = 0;  // one block's recomputed activations (workspace)
+  std::int64_t per_layer_stats = 0, outside_stats = 0, recompute_stats = 0;
+  std::int64_t scratch_grads = 0;  // LayerNorm parameter gradients under SP
   std::int64_t kept(std::int64_t n_layers) const { return per_layer * n_layers + outside; }
+  std::int64_t kept_stats(std::int64_t n_layers) const {
+    return per_layer_stats * n_layers + outside_stats;
+  }
 };
 // B samples of T local tokens (T = seq_len / cp).
 // train%recompute: what a block keeps for its backward. selective drops the LayerNorm

@@ -171,8 +171,8 @@ std::vector<double> send_order(const std::vector<char>& kept, const std::vector<
 }  // namespace
 
 // Routing on the host: top-k and gates, capacity in token order, the aux loss, the send order.
-template <class T>
-void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Vec<T> partial,
+template <class P>
+void MoE<P>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Vec<T> partial,
                      K::Vec<T> y) const {
   const int BT = int(c.BT), ep_size = ep ? ep->size() : 1;
   c.tp->gather_rows(x);
@@ -223,10 +223,10 @@ void MoE<T>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Ve
   c.tp->sum_to_rows(out, y);
 }
 
-template <class T>
-K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Routing& r,
-                           K::Vec<T> dy, const Grads& g, K::Vec<T> full, K::Vec<T> dx,
-                           K::Vec<T> rows) const {
+template <class P>
+auto MoE<P>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Routing& r, K::Vec<T> dy,
+                      const Grads& g, K::Vec<T> full, K::Vec<T> dx, K::Vec<T> rows) const
+    -> K::Vec<T> {
   const int BT = int(c.BT), ep_size = ep ? ep->size() : 1, sent = int(r.send_token.size());
   // d(output) of every token (gathered under SP), then of each send row: gate * dY.
   K::Vec<T> dY = dy;
@@ -247,7 +247,7 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
     const auto rowsC = [&](const K::Vec<T>& v) { return slice(v, at * C, std::int64_t(n) * C); };
     const auto rowsF = [&](const K::Vec<T>& v) { return slice(v, at * Fl, std::int64_t(n) * Fl); };
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(rowsF(g.dh), slice(dproj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl),
+      K::matmul_backward<T, G>(rowsF(g.dh), slice(dproj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl),
                             slice(dproj_b, std::int64_t(l) * C, C), rowsC(g.dyr), rowsF(a.fch_gelu),
                             slice(proj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl), n, Fl, C);
     });
@@ -255,7 +255,7 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
       K::gelu_backward<T>(rowsF(g.dpre), rowsF(a.fch), rowsF(g.dh), std::size_t(n) * Fl);
     });
     profile::region("matmul", [&] {
-      K::matmul_backward<T>(rowsC(g.dxr), slice(dfc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C),
+      K::matmul_backward<T, G>(rowsC(g.dxr), slice(dfc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C),
                             slice(dfc_b, std::int64_t(l) * Fl, Fl), rowsF(g.dpre), rowsC(a.xr),
                             slice(fc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C), n, C, Fl);
     });
@@ -286,7 +286,7 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
     K::softmax_rows_backward<T>(g.dlogits, a.probs, g.dprobs, BT, E);
     // Every tp rank computes the same router gradient; d(x) through the router is added
     // once, by tp rank 0, before the experts' partial sums are reduced.
-    K::matmul_backward<T>(c.tp->rank() == 0 ? dx : K::Vec<T>(), drouter, K::Vec<T>(), g.dlogits, x,
+    K::matmul_backward<T, G>(c.tp->rank() == 0 ? dx : K::Vec<T>(), drouter, K::Vec<G>(), g.dlogits, x,
                           router, BT, C, E, /*accumulate_dinp=*/true);
   });
   const K::Vec<T> mine = c.tp->sp() ? rows : dx;
@@ -296,8 +296,8 @@ K::Vec<T> MoE<T>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Rout
 
 // Rows between send order (this rank's tokens, by destination) and receive order (the
 // experts' inputs here, by source): all-to-allv over ep; nothing to move without ep.
-template <class T>
-void MoE<T>::exchange(const Routing& r, K::Vec<T> from, K::Vec<T> to, bool to_experts) const {
+template <class P>
+void MoE<P>::exchange(const Routing& r, K::Vec<T> from, K::Vec<T> to, bool to_experts) const {
   if (!ep || ep->size() == 1) return;
   const std::vector<int> sent = per_rank(r.send_counts, El, C), got = per_rank(r.recv_counts, El, C);
   ep->all_to_allv(from.data(), to_experts ? sent : got, to.data(), to_experts ? got : sent).wait();
@@ -305,9 +305,9 @@ void MoE<T>::exchange(const Routing& r, K::Vec<T> from, K::Vec<T> to, bool to_ex
 
 // f(local expert, first row, rows) for each non-empty (source rank, local expert) block of
 // the receive order.
-template <class T>
+template <class P>
 template <class F>
-void MoE<T>::for_each_segment(const Routing& r, F&& f) const {
+void MoE<P>::for_each_segment(const Routing& r, F&& f) const {
   std::int64_t at = 0;
   for (std::size_t seg = 0; seg < r.recv_counts.size(); ++seg) {
     const int n = r.recv_counts[seg];
@@ -316,7 +316,9 @@ void MoE<T>::for_each_segment(const Routing& r, F&& f) const {
   }
 }
 
-template struct MoE<float>;
-template struct MoE<double>;
+template struct MoE<Fp32>;
+template struct MoE<Fp64>;
+template struct MoE<Bf16>;
+template struct MoE<Bf16Grads>;
 
 }  // namespace ptrain::model

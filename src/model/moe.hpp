@@ -18,6 +18,7 @@
 #include "comm/comm.hpp"
 #include "kernels/view.hpp"
 #include "model/activations.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::model {
 
@@ -38,11 +39,13 @@ struct Routing {
   Kokkos::View<int*> rows_dev, send_token_dev;  // row and send_token on the device
 };
 
-template <class T>
+template <class P>
 struct MoE {
-  kernels::Vec<T> router, drouter;  // (E, C), replicated over tp
+  PTRAIN_POLICY_TYPES(P);
+  kernels::Vec<T> router;                          // (E, C), replicated over tp
+  kernels::Vec<G> drouter;                         // its gradient
   kernels::Vec<T> fc_w, fc_b, proj_w, proj_b;      // (El, Fl, C), (El, Fl), (El, C, Fl), (El, C)
-  kernels::Vec<T> dfc_w, dfc_b, dproj_w, dproj_b;  // their gradients (empty: forward only)
+  kernels::Vec<G> dfc_w, dfc_b, dproj_w, dproj_b;  // their gradients (empty: forward only)
   int C = 0, Fl = 0, E = 0, El = 0, k = 0;         // El = E / ep, this rank's experts
   double capacity_factor = 0, aux_coef = 0;
   double aux_scale = 1;  // d(objective)/d(aux) of one micro-batch: 1 / micro-batches per step

@@ -1,5 +1,6 @@
 #include "model/stage.hpp"
 
+#include <type_traits>
 #include <vector>
 
 #include "kernels/kernels.hpp"
@@ -15,17 +16,40 @@ namespace {
 
 using kernels::slice;
 
-// Carves the tensors of one description (model/activations.hpp) out of a buffer, in order.
-template <class T>
+// Carves the tensors of one description (model/activations.hpp) out of its buffers, in
+// order: fields of the compute type from `values`, statistics from `stats`, gradient scratch
+// from `grads` (each role has its own buffer, whatever the types).
+template <class P>
 struct Carver {
-  K::Vec<T> buffer;
-  std::int64_t at = 0;
-  template <template <class> class Acts>
-  Acts<K::Vec<T>> take(const ActShape& s) {
-    Acts<K::Vec<T>> a;
-    describe(a, s, [&](K::Vec<T>& field, std::int64_t n) {
-      field = slice(buffer, at, n);
-      at += n;
+  PTRAIN_POLICY_TYPES(P);
+  K::Vec<T> values;
+  K::Vec<A> stats = {};
+  K::Vec<G> grads = {};
+  std::int64_t at = 0, at_stats = 0, at_grads = 0;
+  template <class Acts>
+  Acts take(const ActShape& s) {
+    Acts a;
+    describe(a, s, [&](auto& field, std::int64_t n, Role role = Role::value) {
+      using F = std::decay_t<decltype(field)>;
+      if constexpr (std::is_same_v<F, K::Vec<T>>)
+        if (role == Role::value) {
+          field = slice(values, at, n);
+          at += n;
+          return;
+        }
+      if constexpr (std::is_same_v<F, K::Vec<A>>)
+        if (role == Role::stat) {
+          field = slice(stats, at_stats, n);
+          at_stats += n;
+          return;
+        }
+      if constexpr (std::is_same_v<F, K::Vec<G>>)
+        if (role == Role::grad) {
+          field = slice(grads, at_grads, n);
+          at_grads += n;
+          return;
+        }
+      throw Error("model: an activation field of the wrong element type (internal)");
     });
     return a;
   }
@@ -33,13 +57,13 @@ struct Carver {
 
 // The fields of `a` that its shape left empty, taken from `b` (carved with the
 // complementary part: describe visits both in the same order).
-template <template <class> class Acts, class V>
-void take_missing(Acts<V>& a, const ActShape& sa, Acts<V>& b, const ActShape& sb) {
-  std::vector<V*> from;
-  describe(b, sb, [&](V& field, std::int64_t) { from.push_back(&field); });
+template <class Acts>
+void take_missing(Acts& a, const ActShape& sa, Acts& b, const ActShape& sb) {
+  std::vector<void*> from;
+  describe(b, sb, [&](auto& field, std::int64_t, Role = Role::value) { from.push_back(&field); });
   std::size_t i = 0;
-  describe(a, sa, [&](V& field, std::int64_t n) {
-    if (n == 0) field = *from[i];
+  describe(a, sa, [&](auto& field, std::int64_t n, Role = Role::value) {
+    if (n == 0) field = *static_cast<std::decay_t<decltype(field)>*>(from[i]);
     ++i;
   });
 }
@@ -48,8 +72,8 @@ void take_missing(Acts<V>& a, const ActShape& sa, Acts<V>& b, const ActShape& sb
 
 // ---- stores ----------------------------------------------------------------------------
 
-template <class T>
-ResidentStore<T>::ResidentStore(const ChunkLayout& layout, std::int64_t numel)
+template <class P>
+ResidentStore<P>::ResidentStore(const ChunkLayout& layout, std::int64_t numel)
     : units_(units_of(layout)),
       params_(MemCategory::params, "ptrain::params", std::size_t(numel)),
       grads_(MemCategory::grads, "ptrain::grads", std::size_t(numel)) {
@@ -57,31 +81,31 @@ ResidentStore<T>::ResidentStore(const ChunkLayout& layout, std::int64_t numel)
                  " elements cannot hold the chunk's ", layout.numel);
 }
 
-template <class T>
-K::Vec<T> ResidentStore<T>::params(int unit, Phase) {
+template <class P>
+auto ResidentStore<P>::params(int unit, Phase) -> K::Vec<T> {
   const Unit& u = units_.at(std::size_t(unit));
   return slice(params_.view(), u.lo, u.hi - u.lo);
 }
 
-template <class T>
-K::Vec<T> ResidentStore<T>::grads(int unit) {
+template <class P>
+auto ResidentStore<P>::grads(int unit) -> K::Vec<G> {
   const Unit& u = units_.at(std::size_t(unit));
   return slice(grads_.view(), u.lo, u.hi - u.lo);
 }
 
 // ---- the stage ---------------------------------------------------------------------------
 
-template <class T>
-struct Stage<T>::Acts {
+template <class P>
+struct Stage<P>::Acts {
   InputActs<K::Vec<T>> in;
-  std::vector<BlockActs<K::Vec<T>>> blocks;
-  HeadActs<K::Vec<T>> head;
+  std::vector<typename Block<P>::Acts> blocks;
+  typename Head<P>::Acts head;
   K::IntVec tokens, targets;
 };
 
-template <class T>
-Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
-                int micro_batch, int slots, ParamStore<T>* store, Comm* tp, Comm* cp, Comm* ep)
+template <class P>
+Stage<P>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
+                int micro_batch, int slots, ParamStore<P>* store, Comm* tp, Comm* cp, Comm* ep)
     : dims_(dims_of(config)),
       coord_(coord),
       layout_(layout),
@@ -109,22 +133,32 @@ Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
   if (store) {
     store_ = store;
   } else {
-    own_store_ = std::make_unique<ResidentStore<T>>(layout_, layout_.numel);
+    own_store_ = std::make_unique<ResidentStore<P>>(layout_, layout_.numel);
     store_ = own_store_.get();
   }
   sizes_ = activation_sizes(dims_, coord, micro_batch, S_, layout_.has_head, tp_.sp(), recompute_);
   if (sizes_.recompute > 0)
     recomputed_ = TrackedView<T>(MemCategory::activations, "ptrain::recomputed_activations",
                                  std::size_t(sizes_.recompute));
-  const std::int64_t kept = sizes_.kept(layout_.n_layers);
+  if (sizes_.recompute_stats > 0)
+    recomputed_stats_ = TrackedView<A>(MemCategory::activations, "ptrain::recomputed_statistics",
+                                       std::size_t(sizes_.recompute_stats));
+  const std::int64_t kept = sizes_.kept(layout_.n_layers),
+                     kept_stats = sizes_.kept_stats(layout_.n_layers);
   acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
                          std::size_t(kept * slots));
+  stats_ = TrackedView<A>(MemCategory::activations, "ptrain::activation_statistics",
+                          std::size_t(kept_stats * slots));
   scratch_ = TrackedView<T>(MemCategory::workspace, "ptrain::backward_scratch",
                             std::size_t(sizes_.scratch));
+  if (sizes_.scratch_grads > 0)
+    scratch_grads_ = TrackedView<G>(MemCategory::workspace, "ptrain::backward_scratch_grads",
+                                    std::size_t(sizes_.scratch_grads));
   const std::size_t ids = std::size_t(micro_batch) * std::size_t(S_);
   for (int k = 0; k < slots; ++k) {
     Slot s;
     s.offset = kept * k;
+    s.stats_offset = kept_stats * k;
     if (layout_.has_embedding) s.tokens = Kokkos::View<int*>("ptrain::tokens", ids);
     if (layout_.has_head) s.targets = Kokkos::View<int*>("ptrain::targets", ids);
     s.routing.resize(std::size_t(layout_.n_layers));
@@ -134,27 +168,31 @@ Stage<T>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
 
 // Block l of a slot at offset l * per_layer, then the input and the head; each carved for
 // the slot's micro-batch inside room for `micro_batch` samples.
-template <class T>
-typename Stage<T>::Acts Stage<T>::carve(int slot, const Ctx& c) const {
+template <class P>
+auto Stage<P>::carve(int slot, const Ctx& c) const -> Acts {
+  using BlockA = typename Block<P>::Acts;
   const Slot& s = slots_.at(std::size_t(slot));
   const ActShape shape = act_shape(dims_, coord_, c.B, c.S, tp_.sp());
   const K::Vec<T> all = slice(acts_.view(), s.offset, sizes_.kept(layout_.n_layers));
+  const K::Vec<A> all_stats =
+      slice(stats_.view(), s.stats_offset, sizes_.kept_stats(layout_.n_layers));
+  const std::int64_t L = layout_.n_layers, n = sizes_.per_layer, ns = sizes_.per_layer_stats;
   Acts a;
-  for (int l = 0; l < layout_.n_layers; ++l) {
+  for (int l = 0; l < L; ++l) {
     ActShape block_shape = act_shape(dims_, coord_, c.B, c.S, tp_.sp(), is_moe(l));
     block_shape.recompute = recompute_;
     const ActShape kept = with_part(block_shape, ActShape::kept),
                    redone = with_part(block_shape, ActShape::recomputed);
-    a.blocks.push_back(Carver<T>{slice(all, sizes_.per_layer * l, sizes_.per_layer)}
-                           .template take<BlockActs>(kept));
+    a.blocks.push_back(Carver<P>{slice(all, n * l, n), slice(all_stats, ns * l, ns)}
+                           .template take<BlockA>(kept));
     if (recompute_ == Recompute::none) continue;
     // Every block's recomputed tensors share one workspace: used by one block at a time.
-    auto work = Carver<T>{recomputed_.view()}.template take<BlockActs>(redone);
+    auto work = Carver<P>{recomputed_.view(), recomputed_stats_.view()}.template take<BlockA>(redone);
     take_missing(a.blocks.back(), kept, work, redone);
   }
-  Carver<T> outside{slice(all, sizes_.per_layer * layout_.n_layers, sizes_.outside)};
-  a.in = outside.template take<InputActs>(shape);
-  if (layout_.has_head) a.head = outside.template take<HeadActs>(shape);
+  Carver<P> outside{slice(all, n * L, sizes_.outside), slice(all_stats, ns * L, sizes_.outside_stats)};
+  a.in = outside.template take<InputActs<K::Vec<T>>>(shape);
+  if (layout_.has_head) a.head = outside.template take<typename Head<P>::Acts>(shape);
   if (layout_.has_embedding) a.tokens = slice<int>(s.tokens, 0, c.BT);
   if (layout_.has_head) a.targets = slice<int>(s.targets, 0, c.BT);
   return a;
@@ -162,28 +200,30 @@ typename Stage<T>::Acts Stage<T>::carve(int slot, const Ctx& c) const {
 
 // The scratch of a dense or a MoE block: two carvings of one buffer, which agree on dres
 // (first), the only part a block hands to the next.
-template <class T>
-typename Block<T>::Grads Stage<T>::carve_scratch(const Ctx& c, bool moe) const {
-  auto g = Carver<T>{scratch_.view()}.template take<Scratch>(
-      act_shape(dims_, coord_, c.B, c.S, tp_.sp(), moe));
+template <class P>
+auto Stage<P>::carve_scratch(const Ctx& c, bool moe) const -> typename Block<P>::Grads {
+  auto g = Carver<P>{scratch_.view(), {}, scratch_grads_.view()}
+               .template take<typename Block<P>::Grads>(
+                   act_shape(dims_, coord_, c.B, c.S, tp_.sp(), moe));
   g.dres = slice(g.dres, 0, c.R * dims_.C);
   return g;
 }
 
-template <class T>
-K::Vec<T> Stage<T>::tensor(const K::Vec<T>& unit_view, int unit, const std::string& name) const {
+template <class P>
+template <class V>
+K::Vec<V> Stage<P>::tensor(const K::Vec<V>& unit_view, int unit, const std::string& name) const {
   const auto& t = layout_.find(name);
   return slice(unit_view, t.offset - units_[std::size_t(unit)].lo, t.numel);
 }
 
 // Views of a unit's parameters w and gradients g (empty g: forward only) as layers.
-template <class T>
-Block<T> Stage<T>::block(int unit, const K::Vec<T>& w, const K::Vec<T>& g) const {
+template <class P>
+Block<P> Stage<P>::block(int unit, const K::Vec<T>& w, const K::Vec<G>& g) const {
   const std::string h = cat("h.", units_[std::size_t(unit)].layer, ".");
   auto p = [&](const char* n) { return tensor(w, unit, h + n); };
-  auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<T>(); };
+  auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<G>(); };
   const int C = int(dims_.C), Cl = int(dims_.C / coord_.T), Fl = int(dims_.F / coord_.T);
-  Block<T> b;
+  Block<P> b;
   b.ln1 = {p("ln_1.weight"), p("ln_1.bias"), d("ln_1.weight"), d("ln_1.bias"), C};
   b.qkv = {p("attn.qkv.weight"), p("attn.qkv.bias"), d("attn.qkv.weight"), d("attn.qkv.bias"),
            C, 3 * Cl};
@@ -201,12 +241,12 @@ Block<T> Stage<T>::block(int unit, const K::Vec<T>& w, const K::Vec<T>& g) const
   return b;
 }
 
-template <class T>
-void Stage<T>::set_moe(Block<T>& b, int unit, const K::Vec<T>& w, const K::Vec<T>& g) const {
+template <class P>
+void Stage<P>::set_moe(Block<P>& b, int unit, const K::Vec<T>& w, const K::Vec<G>& g) const {
   const std::string h = cat("h.", units_[std::size_t(unit)].layer, ".moe.");
   auto p = [&](const char* n) { return tensor(w, unit, h + n); };
-  auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<T>(); };
-  MoE<T>& m = b.moe;
+  auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<G>(); };
+  MoE<P>& m = b.moe;
   m.router = p("router.weight"), m.drouter = d("router.weight");
   m.fc_w = p("fc.weight"), m.fc_b = p("fc.bias"), m.proj_w = p("proj.weight"), m.proj_b = p("proj.bias");
   m.dfc_w = d("fc.weight"), m.dfc_b = d("fc.bias"), m.dproj_w = d("proj.weight"), m.dproj_b = d("proj.bias");
@@ -217,28 +257,28 @@ void Stage<T>::set_moe(Block<T>& b, int unit, const K::Vec<T>& w, const K::Vec<T
   m.ep = ep_;
 }
 
-template <class T>
-Embedding<T> Stage<T>::embedding(const K::Vec<T>& w, const K::Vec<T>& g) const {
+template <class P>
+Embedding<P> Stage<P>::embedding(const K::Vec<T>& w, const K::Vec<G>& g) const {
   const int Vl = int(dims_.Vpad / coord_.T);
-  auto d = [&](const char* n) { return g.data() ? tensor(g, u_emb_, n) : K::Vec<T>(); };
+  auto d = [&](const char* n) { return g.data() ? tensor(g, u_emb_, n) : K::Vec<G>(); };
   return {tensor(w, u_emb_, "wte.weight"), tensor(w, u_emb_, "wpe.weight"), d("wte.weight"),
           d("wpe.weight"), int(dims_.C), coord_.t * Vl, Vl};
 }
 
-template <class T>
-Head<T> Stage<T>::head(const K::Vec<T>& w, const K::Vec<T>& g, const K::Vec<T>& wte,
-                       const K::Vec<T>& dwte) const {
-  auto d = [&](const char* n) { return g.data() ? tensor(g, u_head_, n) : K::Vec<T>(); };
-  Head<T> h;
+template <class P>
+Head<P> Stage<P>::head(const K::Vec<T>& w, const K::Vec<G>& g, const K::Vec<T>& wte,
+                       const K::Vec<G>& dwte) const {
+  auto d = [&](const char* n) { return g.data() ? tensor(g, u_head_, n) : K::Vec<G>(); };
+  Head<P> h;
   h.lnf = {tensor(w, u_head_, "ln_f.weight"), tensor(w, u_head_, "ln_f.bias"), d("ln_f.weight"),
            d("ln_f.bias"), int(dims_.C)};
-  h.lm = {wte, K::Vec<T>(), dwte, K::Vec<T>(), int(dims_.C), int(dims_.Vpad / coord_.T)};
+  h.lm = {wte, K::Vec<T>(), dwte, K::Vec<G>(), int(dims_.C), int(dims_.Vpad / coord_.T)};
   h.v_real = int(dims_.V);
   return h;
 }
 
-template <class T>
-double Stage<T>::forward(int slot, const MicroBatch& mb, bool for_backward) {
+template <class P>
+double Stage<P>::forward(int slot, const MicroBatch& mb, bool for_backward) {
   PTRAIN_REQUIRE(mb.B >= 1 && mb.B <= micro_batch_, "model: micro-batch of ", mb.B,
                  " samples exceeds the allocated ", micro_batch_);
   Slot& s = slots_.at(std::size_t(slot));
@@ -262,7 +302,7 @@ double Stage<T>::forward(int slot, const MicroBatch& mb, bool for_backward) {
   K::Vec<T> x = a.in.x;
   for (int l = 0; l < layout_.n_layers; ++l) {
     const int unit = u_block0_ + l;
-    Block<T> b = block(unit, store_->params(unit, Phase::forward), {});
+    Block<P> b = block(unit, store_->params(unit, Phase::forward), {});
     if (is_moe(l)) b.routing = &s.routing[std::size_t(l)];
     // Evaluation routes dropless: a token's loss must not depend on how validation samples
     // are grouped into micro-batches, which differs between grids.
@@ -281,8 +321,8 @@ double Stage<T>::forward(int slot, const MicroBatch& mb, bool for_backward) {
   return loss;
 }
 
-template <class T>
-void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
+template <class P>
+void Stage<P>::backward(int slot, A dloss, K::CVec<T> dout) {
   const Slot& s = slots_.at(std::size_t(slot));
   const Ctx c(tp_, s.B, S_, &cp_);
   last_B_ = s.B;
@@ -293,15 +333,17 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
   };
   // The embedding unit is still held from the forward; its gradients complete only after
   // the embedding backward, at the very end.
-  K::Vec<T> emb, demb;
+  K::Vec<T> emb;
+  K::Vec<G> demb;
   if (layout_.has_embedding) {
     emb = store_->params(u_emb_, Phase::backward);
     demb = store_->grads(u_emb_);
   }
   if (layout_.has_head) {
-    const K::Vec<T> w = store_->params(u_head_, Phase::backward), dw = store_->grads(u_head_);
+    const K::Vec<T> w = store_->params(u_head_, Phase::backward);
+    const K::Vec<G> dw = store_->grads(u_head_);
     const K::Vec<T> wte = tensor(emb.data() ? emb : w, wte_unit(), "wte.weight");
-    const K::Vec<T> dwte = tensor(demb.data() ? demb : dw, wte_unit(), "wte.weight");
+    const K::Vec<G> dwte = tensor(demb.data() ? demb : dw, wte_unit(), "wte.weight");
     const K::Vec<T> rows = tp_.sp() ? slice(g.dfull, 0, c.R * dims_.C) : g.dln;
     head(w, dw, wte, dwte)
         .backward(c, block_input(layout_.n_layers), a.head, a.targets, dloss, g.dres, g.dln, rows,
@@ -313,7 +355,7 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
   }
   for (int l = int(layout_.n_layers) - 1; l >= 0; --l) {
     const int unit = u_block0_ + l;
-    Block<T> b = block(unit, store_->params(unit, Phase::backward), store_->grads(unit));
+    Block<P> b = block(unit, store_->params(unit, Phase::backward), store_->grads(unit));
     if (is_moe(l)) b.routing = &slots_[std::size_t(slot)].routing[std::size_t(l)];
     b.recompute(c, block_input(l), a.blocks[std::size_t(l)], recompute_, rerun_partial(c));
     b.backward(c, block_input(l), a.blocks[std::size_t(l)], b.routing ? g_moe : g);
@@ -328,15 +370,15 @@ void Stage<T>::backward(int slot, T dloss, K::CVec<T> dout) {
 
 // The tp partial sums of a forward rerun in the backward (full recomputation): the end of
 // the recompute workspace, past the block's tensors (the backward's scratch is in use).
-template <class T>
-K::Vec<T> Stage<T>::rerun_partial(const Ctx& c) const {
+template <class P>
+auto Stage<P>::rerun_partial(const Ctx& c) const -> K::Vec<T> {
   if (recompute_ != Recompute::full) return K::Vec<T>();
   const std::int64_t n = c.BT * dims_.C;
   return slice(recomputed_.view(), sizes_.recompute - n, n);
 }
 
-template <class T>
-void Stage<T>::count_moe(int l, const Routing& r) {
+template <class P>
+void Stage<P>::count_moe(int l, const Routing& r) {
   MoeStats& m = moe_stats_[std::size_t(l)];
   m.aux += r.aux;
   m.load.resize(r.load.size(), 0);
@@ -345,70 +387,74 @@ void Stage<T>::count_moe(int l, const Routing& r) {
   m.choices += r.choices;
 }
 
-template <class T>
-std::vector<typename Stage<T>::MoeStats> Stage<T>::take_moe_stats() {
+template <class P>
+auto Stage<P>::take_moe_stats() -> std::vector<MoeStats> {
   std::vector<MoeStats> out(moe_stats_.size());
   std::swap(out, moe_stats_);
   return out;
 }
 
-template <class T>
-K::Vec<T> Stage<T>::input(int slot, int B) const {
+template <class P>
+auto Stage<P>::input(int slot, int B) const -> K::Vec<T> {
   return carve(slot, Ctx(tp_, B, S_, &cp_)).in.x;
 }
 
-template <class T>
-K::Vec<T> Stage<T>::output(int slot) const {
+template <class P>
+auto Stage<P>::output(int slot) const -> K::Vec<T> {
   const Slot& s = slots_.at(std::size_t(slot));
   return carve(slot, Ctx(tp_, s.B, S_, &cp_)).blocks.back().res3;
 }
 
-template <class T>
-K::Vec<T> Stage<T>::input_grad() const {
+template <class P>
+auto Stage<P>::input_grad() const -> K::Vec<T> {
   return carve_scratch(Ctx(tp_, last_B_, S_, &cp_)).dres;
 }
 
 // ---- the resident store's whole buffers ------------------------------------------------
 
-template <class T>
-ResidentStore<T>& Stage<T>::resident() const {
-  auto* r = dynamic_cast<ResidentStore<T>*>(store_);
+template <class P>
+ResidentStore<P>& Stage<P>::resident() const {
+  auto* r = dynamic_cast<ResidentStore<P>*>(store_);
   PTRAIN_REQUIRE(r, "model: the parameters are sharded (ZeRO 2/3); no whole buffer on this rank");
   return *r;
 }
 
-template <class T>
-K::Vec<T> Stage<T>::params() const {
+template <class P>
+auto Stage<P>::params() const -> K::Vec<T> {
   return slice(resident().all_params(), 0, layout_.numel);
 }
-template <class T>
-K::Vec<T> Stage<T>::grads() const {
+template <class P>
+auto Stage<P>::grads() const -> K::Vec<G> {
   return slice(resident().all_grads(), 0, layout_.numel);
 }
-template <class T>
-K::Vec<T> Stage<T>::param(const std::string& name) const {
+template <class P>
+auto Stage<P>::param(const std::string& name) const -> K::Vec<T> {
   const auto& t = layout_.find(name);
   return slice(resident().all_params(), t.offset, t.numel);
 }
-template <class T>
-K::Vec<T> Stage<T>::grad(const std::string& name) const {
+template <class P>
+auto Stage<P>::grad(const std::string& name) const -> K::Vec<G> {
   const auto& t = layout_.find(name);
   return slice(resident().all_grads(), t.offset, t.numel);
 }
 
-template <class T>
-void Stage<T>::init_weights(std::uint64_t seed) {
+template <class P>
+void Stage<P>::init_weights(std::uint64_t seed) {
   init_range(layout_, dims_, seed, params(), 0);
 }
 
-template <class T>
-void Stage<T>::zero_grads() {
-  profile::region("zero-fill", [&] { K::fill(resident().all_grads(), T(0)); });
+template <class P>
+void Stage<P>::zero_grads() {
+  profile::region("zero-fill", [&] { K::fill(resident().all_grads(), G(0)); });
 }
 
-template class ResidentStore<float>;
-template class ResidentStore<double>;
-template class Stage<float>;
-template class Stage<double>;
+#define PTRAIN_STAGE_INSTANTIATE(P) \
+  template class ResidentStore<P>;  \
+  template class Stage<P>;
+PTRAIN_STAGE_INSTANTIATE(Fp32)
+PTRAIN_STAGE_INSTANTIATE(Fp64)
+PTRAIN_STAGE_INSTANTIATE(Bf16)
+PTRAIN_STAGE_INSTANTIATE(Bf16Grads)
+#undef PTRAIN_STAGE_INSTANTIATE
 
 }  // namespace ptrain::model

@@ -15,6 +15,7 @@
 #include "model/layers.hpp"
 #include "model/layout.hpp"
 #include "util/memory.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::model {
 
@@ -23,33 +24,37 @@ namespace ptrain::model {
 enum class Phase { forward, backward };
 
 // Where a stage finds its parameters and gradients, one unit at a time (units_of(): the
-// embedding, each block, the head), as views of the unit's flat range. The resident store
-// keeps both whole on this rank; the data-parallel engine (parallel/) supplies sharded ones
-// for ZeRO 2 and 3, which gather and reduce unit by unit.
-template <class T>
+// embedding, each block, the head), as views of the unit's flat range: parameters in the
+// policy's compute type, gradients in its grad type. The resident store keeps both whole on
+// this rank; the data-parallel engine (parallel/) supplies sharded ones for ZeRO 2 and 3,
+// which gather and reduce unit by unit, and is the cast boundary to the fp32 masters.
+template <class P>
 class ParamStore {
  public:
+  PTRAIN_POLICY_TYPES(P);
   virtual ~ParamStore() = default;
   virtual kernels::Vec<T> params(int unit, Phase phase) = 0;  // ready to read
   virtual void release_params(int unit) {}  // not needed again until the next params()
-  virtual kernels::Vec<T> grads(int unit) = 0;  // where the unit's gradients accumulate
+  virtual kernels::Vec<G> grads(int unit) = 0;  // where the unit's gradients accumulate
   virtual void grads_done(int unit) {}          // this micro-batch's unit gradients are final
 };
 
 // Both buffers whole: parameters (MemCategory::params) and gradients (grads), each `numel`
 // long (the chunk's flat size, padded up when ZeRO wants equal shards).
-template <class T>
-class ResidentStore : public ParamStore<T> {
+template <class P>
+class ResidentStore : public ParamStore<P> {
  public:
+  PTRAIN_POLICY_TYPES(P);
   ResidentStore(const ChunkLayout& layout, std::int64_t numel);
   kernels::Vec<T> params(int unit, Phase) override;
-  kernels::Vec<T> grads(int unit) override;
+  kernels::Vec<G> grads(int unit) override;
   kernels::Vec<T> all_params() const { return params_.view(); }
-  kernels::Vec<T> all_grads() const { return grads_.view(); }
+  kernels::Vec<G> all_grads() const { return grads_.view(); }
 
  protected:
   std::vector<Unit> units_;
-  TrackedView<T> params_, grads_;
+  TrackedView<T> params_;
+  TrackedView<G> grads_;
 };
 
 // GPT-2 init of flat elements [lo, lo + out.extent(0)) of a chunk: N(0, 0.02) for matrices
@@ -68,16 +73,17 @@ struct MicroBatch {
   int B = 0;
 };
 
-template <class T>
+template <class P>
 class Stage {
  public:
+  PTRAIN_POLICY_TYPES(P);
   // Parameters and gradients live in `store` (not owned; it must outlive the stage), or,
   // when null, in a resident store the stage owns. With coord.T > 1 the stage is this
   // rank's tensor-parallel shard and `tp` the group it reduces over. With coord.C > 1 it
   // holds coord.c's share of each sequence (inputs, targets and activations are of
   // seq_len / C positions) and `cp` is the ring its attention runs on.
   Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
-        int micro_batch, int slots = 1, ParamStore<T>* store = nullptr, Comm* tp = nullptr,
+        int micro_batch, int slots = 1, ParamStore<P>* store = nullptr, Comm* tp = nullptr,
         Comm* cp = nullptr, Comm* ep = nullptr);
 
   const Dims& dims() const { return dims_; }
@@ -87,9 +93,9 @@ class Stage {
   const ContextParallel& context_parallel() const { return cp_; }
   // The whole buffers and one tensor's view in them; only with the resident store.
   kernels::Vec<T> params() const;
-  kernels::Vec<T> grads() const;
+  kernels::Vec<G> grads() const;
   kernels::Vec<T> param(const std::string& name) const;
-  kernels::Vec<T> grad(const std::string& name) const;
+  kernels::Vec<G> grad(const std::string& name) const;
   void init_weights(std::uint64_t seed);  // the resident store
   void zero_grads();                      // the resident store
 
@@ -102,7 +108,7 @@ class Stage {
   // The backward of the micro-batch in `slot`, accumulating into the gradients: of
   // dloss * (sum of token losses) on the last stage, else of dout (R, C) on its output.
   // A stage without the embedding leaves d(input) in input_grad().
-  void backward(int slot, T dloss, kernels::CVec<T> dout = {});
+  void backward(int slot, A dloss, kernels::CVec<T> dout = {});
 
   kernels::Vec<T> input(int slot, int B) const;  // (R, C) for a micro-batch of B samples
   kernels::Vec<T> output(int slot) const;         // (R, C) of the slot's micro-batch
@@ -122,22 +128,24 @@ class Stage {
   struct Acts;  // one slot's activations, carved for its micro-batch
   struct Slot {
     std::int64_t offset = 0;             // of its activations in acts_
+    std::int64_t stats_offset = 0;       // of their statistics in stats_
     Kokkos::View<int*> tokens, targets;  // (micro_batch, S), on the first / last stage
     int B = 0;                           // samples of the micro-batch now in the slot
     std::vector<Routing> routing;        // per block: its MoE routing (MoE blocks only)
   };
   Acts carve(int slot, const Ctx& c) const;
-  typename Block<T>::Grads carve_scratch(const Ctx& c, bool moe = false) const;
-  kernels::Vec<T> tensor(const kernels::Vec<T>& unit_view, int unit, const std::string& name) const;
+  typename Block<P>::Grads carve_scratch(const Ctx& c, bool moe = false) const;
+  template <class V>
+  kernels::Vec<V> tensor(const kernels::Vec<V>& unit_view, int unit, const std::string& name) const;
   bool is_moe(int l) const { return dims_.is_moe_layer(layout_.first_layer + l); }
-  Block<T> block(int unit, const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
-  void set_moe(Block<T>& b, int unit, const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
+  Block<P> block(int unit, const kernels::Vec<T>& w, const kernels::Vec<G>& g) const;
+  void set_moe(Block<P>& b, int unit, const kernels::Vec<T>& w, const kernels::Vec<G>& g) const;
   void count_moe(int l, const Routing& r);
   kernels::Vec<T> rerun_partial(const Ctx& c) const;
-  Embedding<T> embedding(const kernels::Vec<T>& w, const kernels::Vec<T>& g) const;
-  Head<T> head(const kernels::Vec<T>& w, const kernels::Vec<T>& g, const kernels::Vec<T>& wte,
-               const kernels::Vec<T>& dwte) const;
-  ResidentStore<T>& resident() const;
+  Embedding<P> embedding(const kernels::Vec<T>& w, const kernels::Vec<G>& g) const;
+  Head<P> head(const kernels::Vec<T>& w, const kernels::Vec<G>& g, const kernels::Vec<T>& wte,
+               const kernels::Vec<G>& dwte) const;
+  ResidentStore<P>& resident() const;
   int wte_unit() const { return layout_.has_embedding ? u_emb_ : u_head_; }
 
   Dims dims_;
@@ -154,11 +162,13 @@ class Stage {
   double aux_scale_ = 1;  // d(objective)/d(a micro-batch's aux loss)
   Recompute recompute_ = Recompute::none;
   std::vector<MoeStats> moe_stats_;
-  std::unique_ptr<ResidentStore<T>> own_store_;
-  ParamStore<T>* store_ = nullptr;
+  std::unique_ptr<ResidentStore<P>> own_store_;
+  ParamStore<P>* store_ = nullptr;
   std::vector<Slot> slots_;
   TrackedView<T> acts_, scratch_;  // every slot's activations; the backward's scratch
   TrackedView<T> recomputed_;      // one block's recomputed activations (train%recompute)
+  TrackedView<A> stats_, recomputed_stats_;  // their statistics, in the accumulate type
+  TrackedView<G> scratch_grads_;             // the backward's LayerNorm gradient scratch
 };
 
 }  // namespace ptrain::model

@@ -85,15 +85,15 @@ struct AdamWCoeffs {
 
 // p, g, m, v: (n,) — the shard; elements [begin, end) of it, all decayed by `keep` (1: none).
 // Operation order as torch.optim.AdamW (single tensor).
-template <class T>
-void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
+template <class T, class G>
+void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const G*>& g,
                   const Kokkos::View<T*>& m, const Kokkos::View<T*>& v, std::size_t begin,
                   std::size_t end, const T keep, const AdamWCoeffs<T> c) {
   Kokkos::parallel_for(
       "ptrain::optim::adamw", Kokkos::RangePolicy<>(begin, end),
       KOKKOS_LAMBDA(const std::int64_t i) {
         const T x = p(i) * keep;
-        const T gi = g(i) * c.grad_scale;
+        const T gi = T(g(i)) * c.grad_scale;
         const T mi = m(i) * c.b1 + c.one_b1 * gi;
         const T vi = v(i) * c.b2 + c.one_b2 * gi * gi;
         m(i) = mi;
@@ -104,12 +104,12 @@ void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g,
 }
 
 // p, g: (n,); elements [begin, end): p *= keep (1: not decayed), then p -= lr*(scale*g).
-template <class T>
-void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const T*>& g, std::size_t begin,
+template <class T, class G>
+void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const G*>& g, std::size_t begin,
                 std::size_t end, const T keep, const T lr, const T scale) {
   Kokkos::parallel_for(
       "ptrain::optim::sgd", Kokkos::RangePolicy<>(begin, end),
-      KOKKOS_LAMBDA(const std::int64_t i) { p(i) = p(i) * keep - lr * (g(i) * scale); });
+      KOKKOS_LAMBDA(const std::int64_t i) { p(i) = p(i) * keep - lr * (T(g(i)) * scale); });
 }
 
 }  // namespace detail
@@ -139,8 +139,9 @@ AdamW<T>::AdamW(const std::vector<Segment>& segments, std::size_t lo, std::size_
       v_(MemCategory::optimizer, "optim.adamw.v", hi - lo) {}  // Views start zeroed
 
 template <class T>
-void AdamW<T>::step(const typename Optimizer<T>::View& params,
-                    const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) {
+template <class G>
+void AdamW<T>::step_with(const typename Optimizer<T>::View& params,
+                         const Kokkos::View<const G*>& grads, double lr, double grad_scale) {
   check_extents("AdamW", this->n_, params.extent(0), grads.extent(0), lr, grad_scale);
   const Hyper& h = this->hyper_;
   const std::int64_t t = ++this->t_;
@@ -156,7 +157,7 @@ void AdamW<T>::step(const typename Optimizer<T>::View& params,
   c.grad_scale = T(grad_scale);
   // One launch per run of equally decayed elements (merged segments: few and long).
   for (const auto& seg : this->segments_)
-    detail::adamw_update<T>(params, grads, m_.view(), v_.view(), seg.begin, seg.end,
+    detail::adamw_update<T, G>(params, grads, m_.view(), v_.view(), seg.begin, seg.end,
                             seg.decay ? c.keep : T(1), c);
 }
 
@@ -171,14 +172,36 @@ SGD<T>::SGD(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi
     : Optimizer<T>(segments, lo, hi, hyper) {}
 
 template <class T>
-void SGD<T>::step(const typename Optimizer<T>::View& params,
-                  const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) {
+template <class G>
+void SGD<T>::step_with(const typename Optimizer<T>::View& params,
+                       const Kokkos::View<const G*>& grads, double lr, double grad_scale) {
   check_extents("SGD", this->n_, params.extent(0), grads.extent(0), lr, grad_scale);
   ++this->t_;
   const T keep = T(1.0 - lr * this->hyper_.weight_decay);
   for (const auto& seg : this->segments_)
-    detail::sgd_update<T>(params, grads, seg.begin, seg.end, seg.decay ? keep : T(1), T(lr),
+    detail::sgd_update<T, G>(params, grads, seg.begin, seg.end, seg.decay ? keep : T(1), T(lr),
                           T(grad_scale));
+}
+
+template <class T>
+void AdamW<T>::step(const typename Optimizer<T>::View& params,
+                    const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) {
+  step_with(params, grads, lr, grad_scale);
+}
+template <class T>
+void AdamW<T>::step(const typename Optimizer<T>::View& params,
+                    const Kokkos::View<const bf16*>& grads, double lr, double grad_scale) {
+  step_with(params, grads, lr, grad_scale);
+}
+template <class T>
+void SGD<T>::step(const typename Optimizer<T>::View& params,
+                  const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) {
+  step_with(params, grads, lr, grad_scale);
+}
+template <class T>
+void SGD<T>::step(const typename Optimizer<T>::View& params,
+                  const Kokkos::View<const bf16*>& grads, double lr, double grad_scale) {
+  step_with(params, grads, lr, grad_scale);
 }
 
 template <class T>

@@ -4,8 +4,9 @@
 // may cut tensors anywhere); which elements get weight decay is given as Segments over
 // the whole buffer. The update of an element depends only on that element, t and lr, so
 // updating a buffer whole or in shards gives bit-identical results.
-// Moments are stored in the parameters' type T (fp32 / fp64); bf16 training will keep
-// fp32 master weights and moments, which is this same code with T = float.
+// Moments are stored in the parameters' type T: the master type of the precision policy
+// (fp32 / fp64; a bf16 run keeps fp32 masters and moments, this same code with T = float).
+// Gradients come in T, or in bf16 (parallel%grad_dtype = 'bf16'), widened element by element.
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "deck/config.hpp"
+#include "util/bf16.hpp"
 #include "util/memory.hpp"
 
 namespace ptrain::optim {
@@ -64,6 +66,8 @@ class Optimizer {
   // update uses grad_scale * g (clipping, clip_factor): the same rounded product a scaling
   // pass over the gradients would store, without that pass; grads are left as they are.
   virtual void step(const View& params, const ConstView& grads, double lr, double grad_scale) = 0;
+  virtual void step(const View& params, const Kokkos::View<const bf16*>& grads, double lr,
+                    double grad_scale) = 0;
   // The state over the shard by name (AdamW: "m", "v"; SGD: none), for checkpoints.
   virtual std::vector<std::pair<std::string, View>> state() const = 0;
   std::size_t size() const { return n_; }
@@ -89,9 +93,14 @@ class AdamW final : public Optimizer<T> {
   AdamW(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi, const Hyper& hyper);
   void step(const typename Optimizer<T>::View& params,
             const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) override;
+  void step(const typename Optimizer<T>::View& params, const Kokkos::View<const bf16*>& grads,
+            double lr, double grad_scale) override;
   std::vector<std::pair<std::string, typename Optimizer<T>::View>> state() const override;
 
  private:
+  template <class G>
+  void step_with(const typename Optimizer<T>::View& params, const Kokkos::View<const G*>& grads,
+                 double lr, double grad_scale);
   TrackedView<T> m_, v_;  // MemCategory::optimizer, shard-sized, zero at start
 };
 
@@ -102,9 +111,16 @@ class SGD final : public Optimizer<T> {
   SGD(const std::vector<Segment>& segments, std::size_t lo, std::size_t hi, const Hyper& hyper);
   void step(const typename Optimizer<T>::View& params,
             const typename Optimizer<T>::ConstView& grads, double lr, double grad_scale) override;
+  void step(const typename Optimizer<T>::View& params, const Kokkos::View<const bf16*>& grads,
+            double lr, double grad_scale) override;
   std::vector<std::pair<std::string, typename Optimizer<T>::View>> state() const override {
     return {};
   }
+
+ private:
+  template <class G>
+  void step_with(const typename Optimizer<T>::View& params, const Kokkos::View<const G*>& grads,
+                 double lr, double grad_scale);
 };
 
 // name: "adamw" | "sgd" (train%optimizer).

@@ -74,7 +74,7 @@ ShardMap::Cut ShardMap::cut(const Run& run, std::int64_t a, std::int64_t b) cons
 }
 
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
-                                      double bucket_mb, std::size_t element_bytes,
+                                      double bucket_mb, std::size_t grad_bytes,
                                       int expert_group) {
   DataParallelSizes s;
   const ShardMap map(layout, D, 0, expert_group, 0);
@@ -91,9 +91,10 @@ DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, i
   s.grads = zero >= 2 ? s.shard : whole + (zero == 1 ? packed : 0);
   s.optimizer_range = zero >= 1 ? s.shard : s.numel;
   s.bucket =
-      std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / double(element_bytes)));
+      std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / double(grad_bytes)));
   // ZeRO 2: gradient windows and their receive buffers; ZeRO 3: parameter windows too.
-  s.comm = zero == 2 ? 2 * windows : zero == 3 ? 3 * windows : 0;
+  s.comm_grads = zero >= 2 ? 2 * windows : 0;
+  s.comm_params = zero == 3 ? windows : 0;
   return s;
 }
 
@@ -114,9 +115,10 @@ bool test_all(std::vector<Request>& reqs) {
 
 }  // namespace
 
-template <class T>
-class DataParallel<T>::Store : public model::ParamStore<T> {
+template <class P>
+class DataParallel<P>::Store : public model::ParamStore<P> {
  public:
+  PTRAIN_POLICY_TYPES(P);
   Store(DataParallel& dp, const model::ChunkLayout& layout)
       : dp_(dp), map_(dp.map_), units_(model::units_of(layout)) {
     const auto& z = dp.sizes_;
@@ -124,12 +126,12 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     const std::int64_t whole = z.whole;
     // Whole up to ZeRO stage `whole_up_to`, else only the shard; with split experts under
     // ZeRO >= 1 the owned elements are also kept packed beside the whole buffer.
-    auto allocate = [&](MemCategory c, const std::string& name, int whole_up_to,
-                        TrackedView<T>& all, TrackedView<T>& owned) {
-      if (zero <= whole_up_to) all = TrackedView<T>(c, name, std::size_t(whole));
+    auto allocate = [&](MemCategory c, const std::string& name, int whole_up_to, auto& all,
+                        auto& owned) {
+      using V = std::decay_t<decltype(all)>;
+      if (zero <= whole_up_to) all = V(c, name, std::size_t(whole));
       if (zero > whole_up_to || (zero >= 1 && map_.split()))
-        owned = TrackedView<T>(c, name + (zero > whole_up_to ? ".shard" : ".owned"),
-                               std::size_t(z.shard));
+        owned = V(c, name + (zero > whole_up_to ? ".shard" : ".owned"), std::size_t(z.shard));
     };
     allocate(MemCategory::params, "ptrain::params", 2, params_, owned_params_);
     allocate(MemCategory::grads, "ptrain::grads", 1, grads_, owned_grads_);
@@ -144,10 +146,10 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     } else {
       const std::int64_t emb = max_unit(units_, true), other = max_unit(units_, false);
       auto window = [](const char* label, std::int64_t n) {
-        Window w;
-        w.buf = TrackedView<T>(MemCategory::comm, label, std::size_t(std::max<std::int64_t>(n, 1)));
+        Window<G> w;
+        w.buf = TrackedView<G>(MemCategory::comm, label, std::size_t(std::max<std::int64_t>(n, 1)));
         w.recv =
-            TrackedView<T>(MemCategory::comm, label, std::size_t(std::max<std::int64_t>(n, 1)));
+            TrackedView<G>(MemCategory::comm, label, std::size_t(std::max<std::int64_t>(n, 1)));
         return w;
       };
       grad_emb_ = window("ptrain::grad_window.embedding", emb);
@@ -173,7 +175,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       }
       return slice(param_emb_.buf.view(), 0, u.hi - u.lo);
     }
-    Window* w = find_param_slot(unit);
+    Window<T>* w = find_param_slot(unit);
     if (!w) {
       w = free_param_slot();
       gather(*w, unit);
@@ -198,10 +200,10 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   }
 
   // --- gradients ------------------------------------------------------------------------
-  K::Vec<T> grads(int unit) override {
+  K::Vec<G> grads(int unit) override {
     const Unit& u = units_[std::size_t(unit)];
     if (dp_.zero_ <= 1) return slice(grads_.view(), u.lo, u.hi);
-    Window* w = nullptr;
+    Window<G>* w = nullptr;
     if (u.kind == Unit::embedding) {
       w = &grad_emb_;
     } else {
@@ -214,7 +216,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     }
     if (!(w->unit == unit && w->open)) {
       fold(*w);  // the previous reduction from this window, if any, lands in the shard
-      K::fill(slice(w->buf.view(), 0, u.hi - u.lo), T(0));
+      K::fill(slice(w->buf.view(), 0, u.hi - u.lo), G(0));
       w->unit = unit;
       w->open = true;
     }
@@ -231,7 +233,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       progress();
       return;
     }
-    Window* w = &grad_emb_;
+    Window<G>* w = &grad_emb_;
     for (auto& s : grad_slots_)
       if (s.unit == unit && s.open) w = &s;
     // Reduce-scatter each run of the unit onto the shards of its space; this rank's part
@@ -248,7 +250,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
 
   // --- step control ---------------------------------------------------------------------
   void begin_step() {
-    K::fill((dp_.zero_ <= 1 ? grads_ : owned_grads_).view(), T(0));
+    K::fill((dp_.zero_ <= 1 ? grads_ : owned_grads_).view(), G(0));
     done_early_bytes_ = total_bytes_ = 0;
   }
 
@@ -273,7 +275,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     if (dp_.zero_ <= 1) {
       for (auto& b : buckets_) {
         if (!b.launched) launch(b);
-        const double bytes = double(b.hi - b.lo) * sizeof(T);
+        const double bytes = double(b.hi - b.lo) * sizeof(G);
         total_bytes_ += bytes;
         if (b.finished_early || test_all(b.reqs)) done_early_bytes_ += bytes;
         wait_all(b.reqs);
@@ -282,7 +284,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
       // ZeRO 1 with split experts: the owned elements, packed for the optimizer.
       if (owned_grads_.size() > 0)
         for (const auto& p : map_.owned)
-          K::copy<T>(slice(owned_grads_.view(), p.at, p.at + p.hi - p.lo),
+          K::copy<G>(slice(owned_grads_.view(), p.at, p.at + p.hi - p.lo),
                      slice(grads_.view(), p.lo, p.hi));
     } else {
       fold(grad_emb_);
@@ -304,7 +306,7 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   // The owned storage: kept apart under ZeRO 3 (parameters), ZeRO 2 (gradients) and with
   // split experts, else the whole buffer's own shard (where its in-place all-gather reads).
   K::Vec<T> owned_params() const { return owned_(params_, owned_params_); }
-  K::Vec<T> owned_grads() const { return owned_(grads_, owned_grads_); }
+  K::Vec<G> owned_grads() const { return owned_(grads_, owned_grads_); }
 
   // ZeRO 1/2: the updated shards into the whole parameters.
   void gather_whole_params() {
@@ -328,8 +330,8 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
                  slice(params_.view(), p.lo, p.hi));
   }
 
-  TrackedView<T> params_, grads_;              // whole (ZeRO <= 2 / <= 1)
-  TrackedView<T> owned_params_, owned_grads_;  // the owned storage, when kept apart
+  TrackedView<T> params_, owned_params_;  // whole (ZeRO <= 2); the owned storage, kept apart
+  TrackedView<G> grads_, owned_grads_;    // whole (ZeRO <= 1); the owned storage, kept apart
 
  private:
   struct Bucket {
@@ -337,14 +339,16 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
     std::vector<Request> reqs;
     bool launched = false, finished_early = false;
   };
+  template <class V>
   struct Window {
-    TrackedView<T> buf, recv;
+    TrackedView<V> buf, recv;
     int unit = -1;
     bool open = false, pending_fold = false;
     std::vector<Request> reqs;
   };
 
-  K::Vec<T> owned_(const TrackedView<T>& whole, const TrackedView<T>& apart) const {
+  template <class V>
+  K::Vec<V> owned_(const TrackedView<V>& whole, const TrackedView<V>& apart) const {
     if (apart.size() > 0) return apart.view();
     const auto& sp = map_.spaces[0];
     return slice(whole.view(), sp.r * sp.shard, (sp.r + 1) * sp.shard);
@@ -363,19 +367,19 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   }
 
   // All-gather unit `unit` from the shards into window w (not waited).
-  void gather(Window& w, int unit) {
+  void gather(Window<T>& w, int unit) {
     wait_all(w.reqs);
     const Unit& u = units_[std::size_t(unit)];
     gather_range(w.buf.data(), u.lo, u.hi, w.reqs);
     w.unit = unit;
   }
 
-  Window* find_param_slot(int unit) {
+  Window<T>* find_param_slot(int unit) {
     for (auto& w : param_slots_)
       if (w.unit == unit) return &w;
     return nullptr;
   }
-  Window* free_param_slot() {
+  Window<T>* free_param_slot() {
     for (auto& w : param_slots_)
       if (current_ < 0 || w.unit != current_) return &w;
     throw Error(cat("data parallel: no free parameter window (internal): current ", current_,
@@ -383,17 +387,17 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   }
 
   // Waits for window w's reduce-scatters and adds the received parts into the shard.
-  void fold(Window& w) {
+  void fold(Window<G>& w) {
     if (!w.pending_fold) return;
     const Unit& u = units_[std::size_t(w.unit)];
-    const double bytes = double(u.hi - u.lo) * sizeof(T);
+    const double bytes = double(u.hi - u.lo) * sizeof(G);
     total_bytes_ += bytes;
     if (test_all(w.reqs)) done_early_bytes_ += bytes;
     wait_all(w.reqs);
     map_.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
       const ShardMap::Cut c = map_.cut(run, a, b);
       if (c.mine > 0)
-        K::axpy<T>(slice(owned_grads_.view(), c.at, c.at + c.mine), T(1),
+        K::axpy<G>(slice(owned_grads_.view(), c.at, c.at + c.mine), 1,
                    slice(w.recv.view(), a - u.lo, a - u.lo + c.mine));
     });
     w.pending_fold = false;
@@ -414,15 +418,16 @@ class DataParallel<T>::Store : public model::ParamStore<T> {
   std::vector<Bucket> buckets_;
   bool last_micro_ = true;
   std::int64_t ready_lo_ = 0;
-  Window grad_emb_, grad_slots_[2], param_emb_, param_slots_[2];
+  Window<G> grad_emb_, grad_slots_[2];
+  Window<T> param_emb_, param_slots_[2];
   int next_grad_slot_ = 0, current_ = -1;
   double done_early_bytes_ = 0, total_bytes_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------
 
-template <class T>
-DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
+template <class P>
+DataParallel<P>::DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
                               Comm* tp, Comm* experts)
     : group_(group),
       tp_(tp),
@@ -432,7 +437,7 @@ DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::Ch
       zero_(int(config.parallel.zero)),
       map_(layout, group.size(), group.rank(), experts_ ? experts_->size() : 0,
            experts_ ? experts_->rank() : 0) {
-  sizes_ = data_parallel_sizes(layout, group.size(), zero_, config.parallel.bucket_mb, sizeof(T),
+  sizes_ = data_parallel_sizes(layout, group.size(), zero_, config.parallel.bucket_mb, sizeof(G),
                                experts_ ? experts_->size() : 0);
   if (zero_ == 0) {
     update_pieces_ = {{0, sizes_.numel, 0}};
@@ -442,28 +447,39 @@ DataParallel<T>::DataParallel(const Config& config, Comm& group, const model::Ch
     update_size_ = map_.owned_end;
   }
   store_ = std::make_unique<Store>(*this, layout);
+  if constexpr (!P::uniform)
+    masters_ = TrackedView<M>(MemCategory::optimizer, "ptrain::master_weights",
+                              std::size_t(update_size_));
 }
 
-template <class T>
-DataParallel<T>::~DataParallel() = default;
+template <class P>
+DataParallel<P>::~DataParallel() = default;
 
-template <class T>
-model::ParamStore<T>* DataParallel<T>::store() {
+template <class P>
+model::ParamStore<P>* DataParallel<P>::store() {
   return store_.get();
 }
 
-template <class T>
-K::Vec<T> DataParallel<T>::update_params() {
+template <class P>
+auto DataParallel<P>::update_compute() -> K::Vec<T> {
   return slice(zero_ == 0 ? store_->params_.view() : store_->owned_params(), 0, update_size_);
 }
 
-template <class T>
-K::Vec<T> DataParallel<T>::update_grads() {
+template <class P>
+auto DataParallel<P>::update_params() -> K::Vec<M> {
+  if constexpr (P::uniform)
+    return update_compute();
+  else
+    return masters_.view();
+}
+
+template <class P>
+auto DataParallel<P>::update_grads() -> K::Vec<G> {
   return slice(zero_ == 0 ? store_->grads_.view() : store_->owned_grads(), 0, update_size_);
 }
 
-template <class T>
-void DataParallel<T>::init_weights(std::uint64_t seed) {
+template <class P>
+void DataParallel<P>::init_weights(std::uint64_t seed) {
   if (zero_ <= 2) {
     model::init_range(layout_, dims_, seed, store_->params_.view(), 0);
     store_->pack_params();
@@ -472,67 +488,61 @@ void DataParallel<T>::init_weights(std::uint64_t seed) {
       model::init_range(layout_, dims_, seed,
                         slice(store_->owned_params_.view(), p.at, p.at + p.hi - p.lo), p.lo);
   }
+  // The masters draw the same numbers; rounded to the compute type they are the weights
+  // above (model::init_range rounds through fp32).
+  if constexpr (!P::uniform)
+    for (const auto& p : update_pieces_)
+      model::init_range(layout_, dims_, seed,
+                        slice(masters_.view(), p.at, p.at + p.hi - p.lo), p.lo);
   store_->invalidate_params();
 }
 
-template <class T>
-void DataParallel<T>::set_weights(const T* whole) {
+template <class P>
+void DataParallel<P>::set_weights(const M* whole) {
   if (zero_ <= 2) {
     const std::int64_t n = std::int64_t(store_->params_.size());
     auto host = Kokkos::create_mirror_view(store_->params_.view());
-    for (std::int64_t i = 0; i < n; ++i) host(i) = i < sizes_.numel ? whole[i] : T(0);
+    for (std::int64_t i = 0; i < n; ++i) host(i) = T(i < sizes_.numel ? whole[i] : M(0));
     Kokkos::deep_copy(store_->params_.view(), host);
     store_->pack_params();
   } else {
     auto host = Kokkos::create_mirror_view(store_->owned_params_.view());
     Kokkos::deep_copy(host, T(0));
     for (const auto& p : map_.owned)
-      for (std::int64_t i = p.lo; i < p.hi; ++i) host(p.at + i - p.lo) = whole[i];
+      for (std::int64_t i = p.lo; i < p.hi; ++i) host(p.at + i - p.lo) = T(whole[i]);
     Kokkos::deep_copy(store_->owned_params_.view(), host);
+  }
+  if constexpr (!P::uniform) {
+    auto host = Kokkos::create_mirror_view(masters_.view());
+    for (const auto& p : update_pieces_)
+      for (std::int64_t i = p.lo; i < p.hi; ++i) host(p.at + i - p.lo) = whole[i];
+    Kokkos::deep_copy(masters_.view(), host);
   }
   store_->invalidate_params();
 }
 
-template <class T>
-std::vector<T> DataParallel<T>::gather_weights() {
-  std::vector<T> whole(std::size_t(sizes_.numel));
-  if (zero_ <= 2) {
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), store_->params_.view());
-    std::copy(host.data(), host.data() + whole.size(), whole.begin());
-  } else {
-    // A transient whole copy (weights files only), gathered run by run.
-    Kokkos::View<T*> all("ptrain::gather_weights", whole.size());
-    std::vector<Request> reqs;
-    store_->gather_range(all.data(), 0, sizes_.numel, reqs);
-    wait_all(reqs);
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
-    std::copy(host.data(), host.data() + whole.size(), whole.begin());
-  }
-  return whole;
-}
-
-template <class T>
-void DataParallel<T>::begin_step() {
+template <class P>
+void DataParallel<P>::begin_step() {
   store_->begin_step();
 }
 
-template <class T>
-void DataParallel<T>::begin_micro_batch(bool last) {
+template <class P>
+void DataParallel<P>::begin_micro_batch(bool last) {
   store_->begin_micro_batch(last);
 }
 
-template <class T>
-void DataParallel<T>::finish_gradients() {
+template <class P>
+void DataParallel<P>::finish_gradients() {
   store_->finish_gradients();
 }
 
-template <class T>
+template <class P>
 template <class F>
-void DataParallel<T>::for_each_owned_grad(F&& f) {
+void DataParallel<P>::for_each_owned_grad(F&& f) {
   // The shards this rank owns (under ZeRO 0 too: the norm is summed shard by shard), read
   // from the whole gradients under ZeRO 0 and from the owned storage otherwise.
   for (const auto& p : map_.owned) {
-    const K::Vec<T> g = grads_of(p, p.lo, p.hi);
+    const K::Vec<G> g = grads_of(p, p.lo, p.hi);
     for (std::size_t i = 0; i < layout_.tensors.size(); ++i) {
       const auto& t = layout_.tensors[i];
       const std::int64_t a = std::max(p.lo, t.offset), b = std::min(p.hi, t.offset + t.numel);
@@ -541,8 +551,8 @@ void DataParallel<T>::for_each_owned_grad(F&& f) {
   }
 }
 
-template <class T>
-double DataParallel<T>::owned_grad_sum_of_squares() {
+template <class P>
+double DataParallel<P>::owned_grad_sum_of_squares() {
   // Each rank sums its own shard of the (reduced) gradients. Under tensor parallelism a
   // tensor every tp rank holds whole (LayerNorm, row-parallel biases, wpe) counts once,
   // from tp rank 0; the tied LM-head copy of wte counts on the embedding's stage.
@@ -550,30 +560,22 @@ double DataParallel<T>::owned_grad_sum_of_squares() {
   // Adjacent counted tensors are summed as one run: one kernel, not one per tensor (about
   // 150 at GPT-2 124M, whose launches took a third of the pass).
   double sq = 0;
-  K::Vec<T> run;
-  for_each_owned_grad([&](int, const model::TensorSpec& t, const K::Vec<T>& g) {
+  K::Vec<G> run;
+  for_each_owned_grad([&](int, const model::TensorSpec& t, const K::Vec<G>& g) {
     if ((skip_replicated && t.tp_replicated()) || t.tied_copy) return;
     if (run.extent(0) > 0 && run.data() + run.extent(0) == g.data()) {
-      run = K::Vec<T>(run.data(), run.extent(0) + g.extent(0));  // g's buffer holds both
+      run = K::Vec<G>(run.data(), run.extent(0) + g.extent(0));  // g's buffer holds both
       return;
     }
-    if (run.extent(0) > 0) sq += K::sum_of_squares<T>(run);
+    if (run.extent(0) > 0) sq += K::sum_of_squares<G>(run);
     run = g;
   });
-  if (run.extent(0) > 0) sq += K::sum_of_squares<T>(run);
+  if (run.extent(0) > 0) sq += K::sum_of_squares<G>(run);
   return sq;
 }
 
-template <class T>
-double DataParallel<T>::grad_norm_squared() {
-  double sq = owned_grad_sum_of_squares();
-  group_.all_reduce_sum_now(&sq, 1);
-  if (tp_ && tp_->size() > 1) tp_->all_reduce_sum_now(&sq, 1);
-  return sq;
-}
-
-template <class T>
-void DataParallel<T>::sum_tied_embedding(Comm& ends) {
+template <class P>
+void DataParallel<P>::sum_tied_embedding(Comm& ends) {
   const model::TensorSpec* wte = nullptr;
   for (const auto& t : layout_.tensors)
     if (t.name == "wte.weight") wte = &t;
@@ -581,44 +583,47 @@ void DataParallel<T>::sum_tied_embedding(Comm& ends) {
   // The whole tensor, zero but for this rank's shard of it; summed over both ends' shards.
   // Allocated at the first step and kept: it is needed every step.
   if (tied_sum_.size() != std::size_t(wte->numel))
-    tied_sum_ = TrackedView<T>(MemCategory::comm, "ptrain::tied_wte", std::size_t(wte->numel));
+    tied_sum_ = TrackedView<G>(MemCategory::comm, "ptrain::tied_wte", std::size_t(wte->numel));
   auto whole = tied_sum_.view();
-  K::fill(whole, T(0));
+  K::fill(whole, G(0));
   const std::int64_t lo = wte->offset, hi = wte->offset + wte->numel;
   for (const auto& p : map_.owned) {
     const std::int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
-    if (a < b) K::copy<T>(slice(whole, a - lo, b - lo), grads_of(p, a, b));
+    if (a < b) K::copy<G>(slice(whole, a - lo, b - lo), grads_of(p, a, b));
   }
   ends.all_reduce_sum(whole.data(), std::size_t(wte->numel)).wait();
   // What this rank updates: all of wte under ZeRO 0, its shard otherwise.
   for (const auto& p : update_pieces_) {
     const std::int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
-    if (a < b) K::copy<T>(grads_of(p, a, b), slice(whole, a - lo, b - lo));
+    if (a < b) K::copy<G>(grads_of(p, a, b), slice(whole, a - lo, b - lo));
   }
 }
 
-template <class T>
-K::Vec<T> DataParallel<T>::grads_of(const Piece& p, std::int64_t a, std::int64_t b) {
+template <class P>
+auto DataParallel<P>::grads_of(const Piece& p, std::int64_t a, std::int64_t b) -> K::Vec<G> {
   if (zero_ == 0) return slice(store_->grads_.view(), a, b);
   return slice(store_->owned_grads(), p.at + (a - p.lo), p.at + (b - p.lo));
 }
 
-template <class T>
-int DataParallel<T>::first_nonfinite_grad() {
+template <class P>
+int DataParallel<P>::first_nonfinite_grad() {
   int first = -1;
-  for_each_owned_grad([&](int i, const model::TensorSpec&, const K::Vec<T>& g) {
-    if (first < 0 && K::count_nonfinite<T>(g) > 0) first = i;
+  for_each_owned_grad([&](int i, const model::TensorSpec&, const K::Vec<G>& g) {
+    if (first < 0 && K::count_nonfinite<G>(g) > 0) first = i;
   });
   return first;
 }
 
-template <class T>
-void DataParallel<T>::finish_step() {
+template <class P>
+void DataParallel<P>::finish_step() {
+  if constexpr (!P::uniform) K::cast<T, M>(update_compute(), masters_.view());
   store_->invalidate_params();
   if (zero_ == 1 || zero_ == 2) store_->gather_whole_params();
 }
 
-template class DataParallel<float>;
-template class DataParallel<double>;
+template class DataParallel<Fp32>;
+template class DataParallel<Fp64>;
+template class DataParallel<Bf16>;
+template class DataParallel<Bf16Grads>;
 
 }  // namespace ptrain::parallel

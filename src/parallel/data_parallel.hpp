@@ -87,16 +87,25 @@ struct DataParallelSizes {
   std::int64_t shard = 0;                                   // owned storage (S without ep)
   std::int64_t whole = 0;  // a whole buffer: padded to D*S without ep (in-place all-gather)
   std::int64_t params = 0, grads = 0, optimizer_range = 0;  // elements
-  std::int64_t comm = 0;    // gradient/parameter windows and receive buffers
+  std::int64_t comm_grads = 0;   // gradient windows and their receive buffers (grad type)
+  std::int64_t comm_params = 0;  // parameter windows (compute type)
   std::int64_t bucket = 0;  // ZeRO 0/1 all-reduce bucket, elements
 };
+// `grad_bytes` sizes the buckets (bucket_mb of gradients).
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
-                                      double bucket_mb, std::size_t element_bytes,
+                                      double bucket_mb, std::size_t grad_bytes,
                                       int expert_group = 0);
 
-template <class T>
+// The cast boundary of the precision policy P: the model sees weights in P::compute and
+// writes gradients in P::grad; the optimizer updates P::master weights. With a uniform
+// policy (fp32, fp64) masters are the compute weights themselves. Otherwise this engine
+// keeps fp32 masters over the range it updates (in MemCategory::optimizer, beside the
+// moments) and, after each update, casts them into the compute weights of that range in one
+// kernel, so the ZeRO 1/2 all-gather and the ZeRO 3 unit gathers move compute-type bytes.
+template <class P>
 class DataParallel {
  public:
+  PTRAIN_POLICY_TYPES(P);
   // `tp` (may be null) is the tensor-parallel group: the gradient norm adds the shards of
   // tp-split tensors over it and counts tp-replicated ones once. `experts` (may be null) is
   // the expert-grad group (d, c): when it is smaller than `group` (experts split over ep),
@@ -105,32 +114,28 @@ class DataParallel {
                Comm* tp = nullptr, Comm* experts = nullptr);
   ~DataParallel();
 
-  model::ParamStore<T>* store();
+  model::ParamStore<P>* store();
   const DataParallelSizes& sizes() const { return sizes_; }
   const model::ChunkLayout& layout() const { return layout_; }
   int zero() const { return zero_; }
 
   // What the optimizer updates: the whole chunk under ZeRO 0, this rank's owned storage
-  // otherwise; update_params() and update_grads() are update_size() long, and each piece
-  // says which flat elements lie where in them (ZeRO 0: one piece, [0, N) at 0).
+  // otherwise; update_params() (the masters) and update_grads() are update_size() long, and
+  // each piece says which flat elements lie where in them (ZeRO 0: one piece, [0, N) at 0).
   using Piece = ShardMap::Piece;
   const std::vector<Piece>& update_pieces() const { return update_pieces_; }
   std::int64_t update_size() const { return update_size_; }
-  kernels::Vec<T> update_params();
-  kernels::Vec<T> update_grads();
+  kernels::Vec<M> update_params();
+  kernels::Vec<G> update_grads();
 
   // Initial weights of what this rank holds (all of it, or its ZeRO 3 shard).
   void init_weights(std::uint64_t seed);
   // Weights of the whole chunk from `whole` (N elements on the host) into what this rank holds.
-  void set_weights(const T* whole);
-  // Copies what this rank holds of the parameters to the whole chunk (all-gathers under
-  // ZeRO 3): for writing weights files.
-  std::vector<T> gather_weights();
+  void set_weights(const M* whole);
 
   void begin_step();                  // zero gradients
   void begin_micro_batch(bool last);  // ZeRO 0/1 reduce only after the last one
   void finish_gradients();            // every reduction done: update_grads() is final
-  double grad_norm_squared();         // global, over the dense-grad group
   // This rank's share of the squared global norm (no communication): the gradients of its
   // owned range, without tied copies (counted on the stage with the embedding) and, on tp
   // ranks other than 0, without tp-replicated tensors. Summed over every rank of the
@@ -144,7 +149,9 @@ class DataParallel {
   // Index in layout().tensors of the first tensor with a NaN or infinite gradient in the
   // range this rank owns, or -1 (local: no communication).
   int first_nonfinite_grad();
-  void finish_step();  // ZeRO 1/2: all-gather the updated parameters
+  // The masters changed (an update, a restart): the compute weights follow (one cast), and
+  // under ZeRO 1/2 the updated shards are all-gathered into the whole compute weights.
+  void finish_step();
 
   // Fraction of the gradient bytes whose reduction completed before finish_gradients
   // had to wait (1 = fully overlapped with the backward); for the step just done.
@@ -157,7 +164,9 @@ class DataParallel {
   void for_each_owned_grad(F&& f);
   // Gradients of flat [a, b) inside piece p (of the owned shards or of the update): the
   // whole buffer under ZeRO 0, the owned storage otherwise.
-  kernels::Vec<T> grads_of(const Piece& p, std::int64_t a, std::int64_t b);
+  kernels::Vec<G> grads_of(const Piece& p, std::int64_t a, std::int64_t b);
+  // The compute weights of the update range (the masters themselves when uniform).
+  kernels::Vec<T> update_compute();
   Comm& group_;
   Comm* tp_ = nullptr;
   Comm* experts_ = nullptr;
@@ -169,7 +178,8 @@ class DataParallel {
   std::vector<Piece> update_pieces_;
   std::int64_t update_size_ = 0;
   std::unique_ptr<Store> store_;
-  TrackedView<T> tied_sum_;  // sum_tied_embedding's buffer (only on a chunk with tied wte)
+  TrackedView<M> masters_;   // the update range's masters (a non-uniform policy only)
+  TrackedView<G> tied_sum_;  // sum_tied_embedding's buffer (only on a chunk with tied wte)
   double overlap_ = 1.0;
 };
 

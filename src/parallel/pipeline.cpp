@@ -28,8 +28,8 @@ void trace_op(bool backward, int mb, int chunk, int chunks, double t0) {
 
 }  // namespace
 
-template <class T>
-PipelineExecutor<T>::PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpList ops,
+template <class P>
+PipelineExecutor<P>::PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpList ops,
                                       int micro_batch)
     : pp_(pp),
       chunks_(std::move(chunks)),
@@ -51,18 +51,18 @@ PipelineExecutor<T>::PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpLis
       free_slots_[std::size_t(c)].push_back(s);
 }
 
-template <class T>
-std::int64_t PipelineExecutor<T>::elements(int samples) const {
+template <class P>
+std::int64_t PipelineExecutor<P>::elements(int samples) const {
   return std::int64_t(chunks_.front().stage->input(0, samples).extent(0));
 }
 
-template <class T>
-int PipelineExecutor<T>::tag(bool grad, int mb, int receiver_chunk) const {
+template <class P>
+int PipelineExecutor<P>::tag(bool grad, int mb, int receiver_chunk) const {
   return 2 * (mb * int(chunks_.size()) + receiver_chunk) + (grad ? 1 : 0);
 }
 
-template <class T>
-int PipelineExecutor<T>::take_buffer() {
+template <class P>
+int PipelineExecutor<P>::take_buffer() {
   if (free_buffers_.empty()) {
     reap_sends(false);
     if (free_buffers_.empty()) {
@@ -76,8 +76,8 @@ int PipelineExecutor<T>::take_buffer() {
   return b;
 }
 
-template <class T>
-void PipelineExecutor<T>::post_recv(bool grad, int mb, int chunk, int peer, int samples) {
+template <class P>
+void PipelineExecutor<P>::post_recv(bool grad, int mb, int chunk, int peer, int samples) {
   Message msg;
   msg.buffer = take_buffer();
   msg.request = pp_.recv(buffers_[std::size_t(msg.buffer)].data(), std::size_t(elements(samples)),
@@ -85,8 +85,8 @@ void PipelineExecutor<T>::post_recv(bool grad, int mb, int chunk, int peer, int 
   recvs_[tag(grad, mb, chunk)] = std::move(msg);
 }
 
-template <class T>
-K::Vec<T> PipelineExecutor<T>::wait_recv(bool grad, int mb, int chunk, int samples) {
+template <class P>
+auto PipelineExecutor<P>::wait_recv(bool grad, int mb, int chunk, int samples) -> K::Vec<T> {
   auto it = recvs_.find(tag(grad, mb, chunk));
   PTRAIN_REQUIRE(it != recvs_.end(), "pipeline: ", grad ? "gradient" : "activation",
                  " of micro-batch ", mb, " for chunk ", chunk, " was never received (schedule)");
@@ -94,22 +94,22 @@ K::Vec<T> PipelineExecutor<T>::wait_recv(bool grad, int mb, int chunk, int sampl
   return head_of(buffers_[std::size_t(it->second.buffer)].view(), elements(samples));
 }
 
-template <class T>
-void PipelineExecutor<T>::release_recv(bool grad, int mb, int chunk) {
+template <class P>
+void PipelineExecutor<P>::release_recv(bool grad, int mb, int chunk) {
   auto it = recvs_.find(tag(grad, mb, chunk));
   free_buffers_.push_back(it->second.buffer);
   recvs_.erase(it);
 }
 
-template <class T>
-void PipelineExecutor<T>::release_slot(int chunk, int mb) {
+template <class P>
+void PipelineExecutor<P>::release_slot(int chunk, int mb) {
   int& slot = slot_of_[std::size_t(chunk)][std::size_t(mb)];
   free_slots_[std::size_t(chunk)].push_back(slot);
   slot = -1;
 }
 
-template <class T>
-void PipelineExecutor<T>::send(bool grad, int mb, int chunk, int peer, const K::Vec<T>& data) {
+template <class P>
+void PipelineExecutor<P>::send(bool grad, int mb, int chunk, int peer, const K::Vec<T>& data) {
   // The receiving chunk: the next global chunk for an activation, the previous for a gradient.
   const int to = (global(chunk) + (grad ? -1 : 1)) / P_;
   Message msg;
@@ -121,8 +121,8 @@ void PipelineExecutor<T>::send(bool grad, int mb, int chunk, int peer, const K::
   sends_.push_back(std::move(msg));
 }
 
-template <class T>
-void PipelineExecutor<T>::reap_sends(bool all) {
+template <class P>
+void PipelineExecutor<P>::reap_sends(bool all) {
   auto done = [&](Message& m) {
     if (!(all || m.request.test())) return false;
     m.request.wait();
@@ -132,9 +132,9 @@ void PipelineExecutor<T>::reap_sends(bool all) {
   sends_.erase(std::remove_if(sends_.begin(), sends_.end(), done), sends_.end());
 }
 
-template <class T>
-void PipelineExecutor<T>::forward(int mb, int chunk, const MicroBatches& mbs, bool for_backward) {
-  model::Stage<T>& stage = *chunks_[std::size_t(chunk)].stage;
+template <class P>
+void PipelineExecutor<P>::forward(int mb, int chunk, const MicroBatches& mbs, bool for_backward) {
+  model::Stage<P>& stage = *chunks_[std::size_t(chunk)].stage;
   auto& free = free_slots_[std::size_t(chunk)];
   PTRAIN_REQUIRE(!free.empty(), "pipeline: no free activation slot on chunk ", chunk,
                  " for micro-batch ", mb, " (the schedule keeps more in flight than checked)");
@@ -159,15 +159,15 @@ void PipelineExecutor<T>::forward(int mb, int chunk, const MicroBatches& mbs, bo
   losses_[std::size_t(mb)] += loss;
 }
 
-template <class T>
-std::pair<double, double> PipelineExecutor<T>::take_compute_seconds() {
+template <class P>
+std::pair<double, double> PipelineExecutor<P>::take_compute_seconds() {
   const std::pair<double, double> t{t_forward_, t_backward_};
   t_forward_ = t_backward_ = 0;
   return t;
 }
 
-template <class T>
-double PipelineExecutor<T>::train(const MicroBatches& mbs, T dloss) {
+template <class P>
+double PipelineExecutor<P>::train(const MicroBatches& mbs, A dloss) {
   losses_.assign(std::size_t(mbs.count), 0.0);
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
@@ -209,8 +209,8 @@ double PipelineExecutor<T>::train(const MicroBatches& mbs, T dloss) {
   return loss;
 }
 
-template <class T>
-std::vector<double> PipelineExecutor<T>::forward_only(const MicroBatches& mbs) {
+template <class P>
+std::vector<double> PipelineExecutor<P>::forward_only(const MicroBatches& mbs) {
   losses_.assign(std::size_t(mbs.count), 0.0);
   const int v = int(chunks_.size());
   for (int mb = 0; mb < mbs.count; ++mb)
@@ -229,7 +229,9 @@ std::vector<double> PipelineExecutor<T>::forward_only(const MicroBatches& mbs) {
   return losses_;
 }
 
-template class PipelineExecutor<float>;
-template class PipelineExecutor<double>;
+template class PipelineExecutor<Fp32>;
+template class PipelineExecutor<Fp64>;
+template class PipelineExecutor<Bf16>;
+template class PipelineExecutor<Bf16Grads>;
 
 }  // namespace ptrain::parallel

@@ -17,6 +17,7 @@
 #include "parallel/data_parallel.hpp"
 #include "parallel/schedule.hpp"
 #include "util/memory.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::parallel {
 
@@ -29,12 +30,13 @@ struct MicroBatches {
   std::function<model::MicroBatch(int)> fetch;
 };
 
-template <class T>
+template <class P>
 class PipelineExecutor {
  public:
+  PTRAIN_POLICY_TYPES(P);
   struct Chunk {
-    model::Stage<T>* stage = nullptr;
-    DataParallel<T>* dp = nullptr;  // told before each chunk's last backward of the step
+    model::Stage<P>* stage = nullptr;
+    DataParallel<P>* dp = nullptr;  // told before each chunk's last backward of the step
   };
   // `pp`: the pipeline group (rank = stage); `chunks[c]` holds global chunk c*P + rank;
   // `ops`: this rank's list for m micro-batches. Message buffers are sized for `micro_batch`.
@@ -42,7 +44,7 @@ class PipelineExecutor {
 
   // One training step's forwards and backwards. Returns the sum of the token losses this
   // rank computed (the last stage's; 0 elsewhere). dloss is d(mean loss)/d(token loss).
-  double train(const MicroBatches& mbs, T dloss);
+  double train(const MicroBatches& mbs, A dloss);
   // Forwards only (validation), micro-batch after micro-batch through every chunk: the
   // token-loss sum of each micro-batch (the last stage's; 0 elsewhere).
   std::vector<double> forward_only(const MicroBatches& mbs);

@@ -10,6 +10,7 @@
 
 #include "deck/deck.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/gemm.hpp"
 #include "model/activations.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/report.hpp"
@@ -124,8 +125,7 @@ double MemoryEstimate::total() const {
 }
 
 std::int64_t dtype_bytes(const Config& config) {
-  const auto& d = config.model.dtype;
-  return d == "fp64" ? 8 : d == "bf16" ? 2 : 4;
+  return std::int64_t(bytes_of(deck::precision_policy(config).compute));
 }
 
 std::int64_t micro_batches_per_step(const Config& config) {
@@ -149,12 +149,13 @@ RingEstimate estimate_ring(const Config& config) {
   if (par.cp <= 1) return r;
   const model::Dims d = model::dims_of(config);
   const double w = double(dtype_bytes(config)), C = double(par.cp);
+  const double w_stat = w == 2 ? 4.0 : w;  // the log-sum-exp: fp32 in a bf16 run
   const double rows = double(config.train.micro_batch) * double(d.S / par.cp);  // B*(S/C)
   const double width = double(d.C / par.tp), heads = double(d.NH / par.tp);     // this tp rank's
   r.block = 2.0 * rows * width * w;
   r.forward = (C - 1) * r.block;
   r.backward = (C - 1) * r.block + C * r.block;
-  r.workspace = 5.0 * r.block + (2.0 * rows * width + rows * heads) * w;
+  r.workspace = 5.0 * r.block + 2.0 * rows * width * w + rows * heads * w_stat;
   return r;
 }
 
@@ -190,21 +191,26 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   est.local_params = est.dense_params + est.expert_params;
 
   // Parameters, gradients, optimizer state and ZeRO windows: the sizes the data-parallel
-  // engine allocates (parallel/data_parallel.hpp), chunk by chunk.
-  const double w = double(dtype_bytes(config));
-  const bool mixed = config.model.dtype == "bf16";  // fp32 master weights and moments
-  const double state_w = mixed ? 4.0 : w;
+  // engine allocates (parallel/data_parallel.hpp), chunk by chunk, each in its type of the
+  // precision policy: compute weights (w), gradients (wg), masters and moments (state_w; the
+  // masters are kept apart from the compute weights only when the two types differ), and
+  // statistics of the activations (w_stat, the compute type's accumulate type).
+  const PrecisionPolicy policy = deck::precision_policy(config);
+  const double w = double(bytes_of(policy.compute)), wg = double(bytes_of(policy.grad));
+  const double state_w = double(bytes_of(policy.master));
+  const double w_stat = policy.compute == Precision::bf16 ? 4.0 : w;
+  const bool mixed = policy.master != policy.compute;  // masters apart from compute weights
   const double moments = config.train.optimizer == "adamw" ? 2.0 : 0.0;
   // With experts split over ep, ZeRO shards them over the expert-grad group.
   for (const auto& ch : chunks) {
     const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
-                                       config.parallel.bucket_mb, std::size_t(w),
+                                       config.parallel.bucket_mb, std::size_t(wg),
                                        config.parallel.ep > 1 ? expert_grad_size(config) : 0);
     est.bytes[idx(MemCategory::params)] += double(z.params) * w;
-    est.bytes[idx(MemCategory::grads)] += double(z.grads) * w;
+    est.bytes[idx(MemCategory::grads)] += double(z.grads) * wg;
     est.bytes[idx(MemCategory::optimizer)] +=
-        double(z.optimizer_range) * (state_w * moments + (mixed ? 4.0 : 0.0));
-    est.bytes[idx(MemCategory::comm)] += double(z.comm) * w;
+        double(z.optimizer_range) * state_w * (moments + (mixed ? 1.0 : 0.0));
+    est.bytes[idx(MemCategory::comm)] += double(z.comm_grads) * wg + double(z.comm_params) * w;
   }
   // The experts' part of it: every expert element has its parameter, gradient and optimizer
   // state here, or (ZeRO) its share of the shards of the group it is reduced over (the
@@ -213,9 +219,9 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   const double D = double(config.parallel.ep > 1 ? expert_grad_size(config) : dense_grad_size(config)),
                experts = double(est.expert_params);
   est.expert_param_bytes = experts * w / (zero >= 3 ? D : 1.0);
-  est.expert_grad_bytes = experts * w / (zero >= 2 ? D : 1.0);
+  est.expert_grad_bytes = experts * wg / (zero >= 2 ? D : 1.0);
   est.expert_optimizer_bytes =
-      experts * (state_w * moments + (mixed ? 4.0 : 0.0)) / (zero >= 1 ? D : 1.0);
+      experts * state_w * (moments + (mixed ? 1.0 : 0.0)) / (zero >= 1 ? D : 1.0);
 
   const model::Dims d = model::dims_of(config);
   const std::int64_t T = d.S / config.parallel.cp;
@@ -229,15 +235,21 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
     const auto act =
         model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
                                 config.parallel.sequence_parallel && coord.T > 1, recompute);
+    const double slots = double(in_flight[std::size_t(ch.chunk)]);
     est.bytes[idx(MemCategory::activations)] +=
-        double(act.kept(ch.n_layers)) * double(in_flight[std::size_t(ch.chunk)]) * w +
-        double(act.recompute) * w;
-    est.bytes[idx(MemCategory::workspace)] += double(act.scratch) * w;
+        double(act.kept(ch.n_layers)) * slots * w + double(act.recompute) * w +
+        double(act.kept_stats(ch.n_layers)) * slots * w_stat + double(act.recompute_stats) * w_stat;
+    est.bytes[idx(MemCategory::workspace)] +=
+        double(act.scratch) * w + double(act.scratch_grads) * wg;
   }
   // Ring attention's backward buffers, held during one block's attention at a time. (The
   // attention kernel's blocks live in Kokkos team scratch, a few (64, 64) blocks per thread:
   // not a tracked allocation, and on a GPU in on-chip shared memory.)
-  est.bytes[idx(MemCategory::workspace)] += estimate_ring(config).workspace;
+  // A bf16 gemm's fp32 panels (kernels/gemm.hpp) are held while it runs, never during the
+  // ring's attention: the larger of the two.
+  est.bytes[idx(MemCategory::workspace)] +=
+      std::max(estimate_ring(config).workspace,
+               double(kernels::gemm_workspace_bytes(policy.compute)));
 
   // A pipeline's message buffers, each one stage input (R rows of d_model), and on a chunk
   // with wte but not both ends, the whole-tensor buffer its gradient is summed in.
@@ -248,7 +260,7 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
     for (const auto& ch : chunks)
       for (const auto& t : ch.tensors)
         if (t.name == "wte.weight" && !(ch.has_embedding && ch.has_head))
-          est.bytes[idx(MemCategory::comm)] += double(t.numel) * w;
+          est.bytes[idx(MemCategory::comm)] += double(t.numel) * wg;
   }
   return est;
 }
@@ -290,32 +302,35 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
 // parallel/data_parallel.hpp does it: ZeRO 2/3 reduce-scatter after every micro-batch,
 // ZeRO 3 gathers every unit for its forward and its backward (the embedding, which the
 // tied head shares, once per step).
+// Gradients move in the grad type (wg bytes), parameter gathers in the compute type (w).
 void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
-                       const MemoryEstimate& mem, const ShardFacts& f, double m, double w) {
+                       const MemoryEstimate& mem, const ShardFacts& f, double m, double w,
+                       double wg) {
   const int zero = int(config.parallel.zero);
-  const double emb = f.embedding_bytes;
-  auto dp_volume = [&](double S, double D) {
+  const double emb = f.embedding_bytes;  // compute type
+  auto dp_volume = [&](double N, double D) {  // N elements
+    const double G = N * wg, S = N * w;
     switch (zero) {
       case 0:
-        return 2 * ring(D) * S;
+        return 2 * ring(D) * G;
       case 1:
-        return 2 * ring(D) * S + ring(D) * S;
+        return 2 * ring(D) * G + ring(D) * S;
       case 2:
-        return m * ring(D) * S + ring(D) * S;
+        return m * ring(D) * G + ring(D) * S;
       default:
-        return m * ring(D) * S + ring(D) * (m * 2 * (S - emb) + emb);
+        return m * ring(D) * G + ring(D) * (m * 2 * (S - emb) + emb);
     }
   };
   const char* dp_formula[] = {"2(D-1)/D*S all-reduce", "2(D-1)/D*S + (D-1)/D*S all-gather",
                               "m*(D-1)/D*S reduce-scatter + (D-1)/D*S all-gather",
                               "m*(D-1)/D*S reduce-scatter + (D-1)/D*(2m(S-E)+E) all-gathers"};
   const bool split = config.parallel.ep > 1;
-  const double dense = double(split ? mem.dense_params : mem.local_params) * w;
+  const double dense = double(split ? mem.dense_params : mem.local_params);
   out.push_back(
       {GroupKind::dense_grad, dp_volume(dense, double(dense_grad_size(config))), dp_formula[zero]});
   if (split && mem.expert_params > 0)
     out.push_back({GroupKind::expert_grad,
-                   dp_volume(double(mem.expert_params) * w, double(expert_grad_size(config))),
+                   dp_volume(double(mem.expert_params), double(expert_grad_size(config))),
                    dp_formula[zero]});
 }
 
@@ -323,6 +338,7 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
 struct StepFacts {
   ShardFacts f;
   double m = 0, B = 0, Tl = 0, w = 0;  // micro-batches per step, samples, local positions, bytes
+  double wg = 0;                       // bytes of a gradient element
   double act = 0;                      // one (B, T, C) activation, bytes
   double k = 0;                        // experts per token
   model::Recompute recompute = model::Recompute::none;
@@ -396,6 +412,7 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   const model::Dims d = model::dims_of(config);
   StepFacts s;
   s.w = double(dtype_bytes(config));
+  s.wg = double(bytes_of(deck::precision_policy(config).grad));
   s.m = double(micro_batches_per_step(config));
   s.B = double(config.train.micro_batch), s.Tl = double(d.S / par.cp);
   s.act = s.B * s.Tl * double(d.C) * s.w;
@@ -404,7 +421,7 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   s.recompute = model::recompute_mode(config.train.recompute);
   const bool first = s.f.first, last = s.f.last;
   std::vector<CommEstimate> out;
-  add_data_parallel(out, config, estimate_memory(config, coord), s.f, s.m, s.w);
+  add_data_parallel(out, config, estimate_memory(config, coord), s.f, s.m, s.w, s.wg);
   out.push_back(tensor_parallel(config, s));
   out.push_back(context_parallel(config, s));
   out.push_back(expert_parallel(config, s));
@@ -420,7 +437,7 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   double embed = 0;
   const double ends = 2.0 * double(dense_grad_size(config));
   if (par.pp > 1 && (first || last))
-    embed = ring(ends) * 2.0 * double(d.Vpad / par.tp) * double(d.C) * s.w;
+    embed = ring(ends) * 2.0 * double(d.Vpad / par.tp) * double(d.C) * s.wg;
   out.push_back({GroupKind::embed, embed, "2(n-1)/n*V/T*h all-reduce, n = 2*D ranks"});
   return out;
 }

@@ -54,11 +54,10 @@ std::vector<optim::Segment> decay_segments(const DataParallel<T>& dp) {
 
 }  // namespace
 
-void check_supported(const Config& c, int world_size) {
+void check_supported(const Config& c) {
   auto no = [](bool asked, const char* what) {
     if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
   };
-  (void)world_size;
   // What this build can run, not what the deck means: `--plan` plans a GPU deck anywhere.
 #ifdef PTRAIN_ENABLE_CUDA
   // A CUDA Kokkos makes device memory the default, and the trainer still reads and writes its
@@ -76,11 +75,10 @@ void check_supported(const Config& c, int world_size) {
                 kExitInput);
 #endif
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");
-  no(c.model.dtype == "bf16", "model%dtype = 'bf16' (mixed precision comes with the CUDA backend)");
 }
 
-template <class T>
-Trainer<T>::Trainer(const Config& config, const Grid& grid)
+template <class P>
+Trainer<P>::Trainer(const Config& config, const Grid& grid)
     : config_(config),
       grid_(grid),
       dense_grad_(grid.comm(GroupKind::dense_grad), "dense-grad"),
@@ -92,36 +90,36 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
       data_(data::open_source(data::spec_from_config(config))),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
-  const int P = coord.P, v = coord.virtual_stages, mb = int(config.train.micro_batch);
+  const int stages = coord.P, v = coord.virtual_stages, mb = int(config.train.micro_batch);
   // Micro-batches per step: the deck makes every batch rank's slice a multiple of mb.
   micro_batches_ = int(my_slice(config.train.global_batch).second / mb);
   const int m = micro_batches_;
   const ScheduleKind kind =
-      P == 1 ? ScheduleKind::one_f_one_b : schedule_kind(config.parallel.pp_schedule);
-  schedule_ = make_schedule(kind, P, m, v);
-  const ScheduleCheck check = check_schedule(schedule_, P, m, v);
+      stages == 1 ? ScheduleKind::one_f_one_b : schedule_kind(config.parallel.pp_schedule);
+  schedule_ = make_schedule(kind, stages, m, v);
+  const ScheduleCheck check = check_schedule(schedule_, stages, m, v);
   PTRAIN_REQUIRE(check.error.empty(), "pipeline schedule: ", check.error);
 
-  std::vector<typename PipelineExecutor<T>::Chunk> executed;
+  std::vector<typename PipelineExecutor<P>::Chunk> executed;
   for (const model::ChunkLayout& layout : model::build_layout(config, coord)) {
     Chunk ch;
-    ch.dp = std::make_unique<DataParallel<T>>(config, dense_grad_, layout, &tp_, &expert_grad_);
+    ch.dp = std::make_unique<DataParallel<P>>(config, dense_grad_, layout, &tp_, &expert_grad_);
     // Activation slots: the most micro-batches this chunk has in flight in the schedule.
     const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
-    ch.stage = std::make_unique<model::Stage<T>>(config, coord, ch.dp->layout(), mb, slots,
+    ch.stage = std::make_unique<model::Stage<P>>(config, coord, ch.dp->layout(), mb, slots,
                                                  ch.dp->store(), &tp_, &cp_, &ep_);
-    ch.optimizer = optim::make_optimizer<T>(config.train.optimizer, decay_segments(*ch.dp), 0,
+    ch.optimizer = optim::make_optimizer<M>(config.train.optimizer, decay_segments(*ch.dp), 0,
                                             std::size_t(ch.dp->update_size()),
                                             optim::hyper_from_config(config));
     executed.push_back({ch.stage.get(), ch.dp.get()});
     chunks_.push_back(std::move(ch));
   }
-  pipeline_ = std::make_unique<PipelineExecutor<T>>(pp_, std::move(executed),
+  pipeline_ = std::make_unique<PipelineExecutor<P>>(pp_, std::move(executed),
                                                     schedule_[std::size_t(coord.p)], mb);
-  if (P > 1) {
+  if (stages > 1) {
     // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
     // groups with this tp rank sum its gradient.
-    const bool end = coord.p == 0 || coord.p == P - 1;
+    const bool end = coord.p == 0 || coord.p == stages - 1;
     MPI_Comm ends = MPI_COMM_NULL;
     mpi::check(MPI_Comm_split(grid.cart(), end ? coord.t : MPI_UNDEFINED, grid.world_rank(), &ends),
                "trainer: MPI_Comm_split (tied embedding)");
@@ -137,15 +135,15 @@ Trainer<T>::Trainer(const Config& config, const Grid& grid)
   targets_.resize(n);
 }
 
-template <class T>
-std::vector<model::ChunkLayout> Trainer<T>::layouts() const {
+template <class P>
+std::vector<model::ChunkLayout> Trainer<P>::layouts() const {
   std::vector<model::ChunkLayout> out;
   for (const auto& ch : chunks_) out.push_back(ch.stage->layout());
   return out;
 }
 
-template <class T>
-std::pair<std::int64_t, std::int64_t> Trainer<T>::my_slice(std::int64_t n) const {
+template <class P>
+std::pair<std::int64_t, std::int64_t> Trainer<P>::my_slice(std::int64_t n) const {
   const std::int64_t ranks = grid_.group_size(GroupKind::batch),
                      r = grid_.group_rank(GroupKind::batch);
   const std::int64_t per = n / ranks, extra = n % ranks;
@@ -153,23 +151,23 @@ std::pair<std::int64_t, std::int64_t> Trainer<T>::my_slice(std::int64_t n) const
   return {first, per + (r < extra ? 1 : 0)};
 }
 
-template <class T>
-model::MicroBatch Trainer<T>::fetch(data::Split split, std::int64_t step, std::int64_t first, int B) {
+template <class P>
+model::MicroBatch Trainer<P>::fetch(data::Split split, std::int64_t step, std::int64_t first, int B) {
   profile::region("data", [&] {
     data::fetch(*data_, split, step, first, B, inputs_.data(), targets_.data(), positions_);
   });
   return model::MicroBatch{inputs_.data(), targets_.data(), B};
 }
 
-template <class T>
-void Trainer<T>::finish_gradients() {
+template <class P>
+void Trainer<P>::finish_gradients() {
   for (auto& ch : chunks_) ch.dp->finish_gradients();
   if (ends_)
     for (auto& ch : chunks_) ch.dp->sum_tied_embedding(*ends_);
 }
 
-template <class T>
-std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
+template <class P>
+std::pair<double, double> Trainer<P>::loss_and_norm_squared(double loss_sum) {
   // The loss comes from the last stage, the same on every tp rank: counted once, from tp
   // rank 0. Each rank's share of the norm covers what it owns (DataParallel).
   double v[2] = {grid_.coord(Axis::t) == 0 ? loss_sum : 0.0, 0.0};
@@ -185,8 +183,8 @@ std::pair<double, double> Trainer<T>::loss_and_norm_squared(double loss_sum) {
 // batch's micro-batches, summed over layers), the share of token choices dropped, the
 // least and most loaded expert of any layer relative to that layer's mean load, and each
 // layer's loads.
-template <class T>
-void Trainer<T>::moe_summary(StepResult& r) {
+template <class P>
+void Trainer<P>::moe_summary(StepResult& r) {
   const std::int64_t L = config_.model.n_layer, E = config_.model.n_expert;
   const std::size_t row = std::size_t(E + 3);  // aux, dropped, choices, load[E]
   std::vector<double> v(std::size_t(L) * row, 0.0);
@@ -194,7 +192,7 @@ void Trainer<T>::moe_summary(StepResult& r) {
   // of the same micro-batches, whose aux loss they share (count it once).
   const bool count = grid_.coord(Axis::t) == 0, count_aux = count && grid_.coord(Axis::c) == 0;
   for (auto& ch : chunks_) {
-    const std::vector<typename model::Stage<T>::MoeStats> stats = ch.stage->take_moe_stats();
+    const std::vector<typename model::Stage<P>::MoeStats> stats = ch.stage->take_moe_stats();
     for (std::size_t l = 0; l < stats.size(); ++l) {
       double* x = v.data() + std::size_t(ch.stage->layout().first_layer + std::int64_t(l)) * row;
       if (!count || stats[l].load.empty()) continue;
@@ -235,21 +233,21 @@ void Trainer<T>::moe_summary(StepResult& r) {
 // The measured bubble, and what the schedule gives with this step's forward and backward
 // times of every stage (stages are never quite equal: the embedding, the head, the cores),
 // both as the largest rank's waits for pipeline messages over the step time.
-template <class T>
-void Trainer<T>::measure_bubble(StepResult& r, double pp_wait_seconds) {
-  const int P = pp_.size(), v = chunks();
+template <class P>
+void Trainer<P>::measure_bubble(StepResult& r, double pp_wait_seconds) {
+  const int stages = pp_.size(), v = chunks();
   const double ops = double(micro_batches_) * v;  // forwards (and backwards) on this rank
   double mine[2] = {r.t_forward / ops, r.t_backward / ops};
-  std::vector<double> times(2 * std::size_t(P));
+  std::vector<double> times(2 * std::size_t(stages));
   mpi::check(MPI_Allgather(mine, 2, MPI_DOUBLE, times.data(), 2, MPI_DOUBLE,
                            grid_.comm(GroupKind::pp)),
              "trainer: MPI_Allgather (stage times)");
-  std::vector<double> tf(std::size_t(P), 0.0), tb(std::size_t(P), 0.0);
-  for (int k = 0; k < P; ++k) {
+  std::vector<double> tf(std::size_t(stages), 0.0), tb(std::size_t(stages), 0.0);
+  for (int k = 0; k < stages; ++k) {
     tf[std::size_t(k)] = times[2 * std::size_t(k)];
     tb[std::size_t(k)] = times[2 * std::size_t(k) + 1];
   }
-  const ScheduleTiming sim = simulate_schedule(schedule_, P, micro_batches_, v, tf, tb);
+  const ScheduleTiming sim = simulate_schedule(schedule_, stages, micro_batches_, v, tf, tb);
   // Waits before each rank's last op, as the executor measures them (a rank that finishes
   // early spends the tail in the next collective, not on the pipeline group).
   double waiting = 0;
@@ -261,14 +259,14 @@ void Trainer<T>::measure_bubble(StepResult& r, double pp_wait_seconds) {
   r.bubble_model = b[1];
 }
 
-template <class T>
-StepResult Trainer<T>::step(std::int64_t s) {
+template <class P>
+StepResult Trainer<P>::step(std::int64_t s) {
   StepResult r;
   r.step = s;
   const double t0 = wall_seconds();
   const std::int64_t S = config_.model.seq_len, mb = config_.train.micro_batch;
   r.tokens = config_.train.global_batch * S;
-  const T dloss = T(1.0 / double(r.tokens));  // d(mean loss) / d(token loss)
+  const A dloss = A(1.0 / double(r.tokens));  // d(mean loss) / d(token loss)
 
   if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
     std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
@@ -293,7 +291,7 @@ StepResult Trainer<T>::step(std::int64_t s) {
   opt.start();
   if (s == config_.run.debug_nan_step && grid_.world_rank() == 0)
     Kokkos::deep_copy(Kokkos::subview(data_parallel(0).update_grads(), 0),
-                      std::numeric_limits<T>::quiet_NaN());
+                      G(std::numeric_limits<float>::quiet_NaN()));
   const auto [loss, norm_squared] = loss_and_norm_squared(loss_sum);
   r.loss = loss / double(r.tokens);
   r.grad_norm = std::sqrt(norm_squared);
@@ -326,8 +324,8 @@ StepResult Trainer<T>::step(std::int64_t s) {
 // until max_skips in a row; 'stop' (or too many skips) ends the run on every rank alike,
 // naming the first tensor with a non-finite gradient and its rank, before any checkpoint
 // could be written from that state.
-template <class T>
-void Trainer<T>::skip_nonfinite(StepResult& r) {
+template <class P>
+void Trainer<P>::skip_nonfinite(StepResult& r) {
   const bool skip = config_.train.nonfinite == "skip";
   if (skip && ++consecutive_skips_ <= config_.train.max_skips) {
     r.skipped = true;
@@ -359,8 +357,8 @@ void Trainer<T>::skip_nonfinite(StepResult& r) {
               kExitRuntime, ErrorScope::all_ranks);
 }
 
-template <class T>
-double Trainer<T>::evaluate() {
+template <class P>
+double Trainer<P>::evaluate() {
   const std::int64_t S = config_.model.seq_len, mb = config_.train.micro_batch;
   const std::int64_t n =
       config_.data.val_samples > 0 ? config_.data.val_samples : config_.train.global_batch;
@@ -396,7 +394,9 @@ double Trainer<T>::evaluate() {
   return v / double(n * S);
 }
 
-template class Trainer<float>;
-template class Trainer<double>;
+template class Trainer<Fp32>;
+template class Trainer<Fp64>;
+template class Trainer<Bf16>;
+template class Trainer<Bf16Grads>;
 
 }  // namespace ptrain::parallel

@@ -49,20 +49,21 @@ struct StepResult {
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) what this version
-// cannot train yet: a device other than the CPU, bf16.
-void check_supported(const Config& config, int world_size);
+// cannot train yet: a device other than the CPU.
+void check_supported(const Config& config);
 
-template <class T>
+template <class P>
 class Trainer {
  public:
+  PTRAIN_POLICY_TYPES(P);
   Trainer(const Config& config, const Grid& grid);
 
   // This rank's model chunks (virtual_stages of them with the interleaved schedule, else
   // one), each with its stage, data-parallel engine and optimizer.
   int chunks() const { return int(chunks_.size()); }
-  model::Stage<T>& stage(int c = 0) { return *chunks_.at(std::size_t(c)).stage; }
-  DataParallel<T>& data_parallel(int c = 0) { return *chunks_.at(std::size_t(c)).dp; }
-  optim::Optimizer<T>& optimizer(int c = 0) { return *chunks_.at(std::size_t(c)).optimizer; }
+  model::Stage<P>& stage(int c = 0) { return *chunks_.at(std::size_t(c)).stage; }
+  DataParallel<P>& data_parallel(int c = 0) { return *chunks_.at(std::size_t(c)).dp; }
+  optim::Optimizer<M>& optimizer(int c = 0) { return *chunks_.at(std::size_t(c)).optimizer; }
   std::vector<model::ChunkLayout> layouts() const;
   const std::vector<OpList>& schedule() const { return schedule_; }  // every pipeline rank's
   const data::TokenSource& data() const { return *data_; }
@@ -73,9 +74,9 @@ class Trainer {
 
  private:
   struct Chunk {
-    std::unique_ptr<DataParallel<T>> dp;
-    std::unique_ptr<model::Stage<T>> stage;
-    std::unique_ptr<optim::Optimizer<T>> optimizer;
+    std::unique_ptr<DataParallel<P>> dp;
+    std::unique_ptr<model::Stage<P>> stage;
+    std::unique_ptr<optim::Optimizer<M>> optimizer;
   };
   // Samples [first, first+B) of `step` (train) or of the validation set: this rank's
   // positions of each, into the host buffers.
@@ -98,7 +99,7 @@ class Trainer {
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
   int micro_batches_ = 0;  // per step on this pipeline
-  std::unique_ptr<PipelineExecutor<T>> pipeline_;
+  std::unique_ptr<PipelineExecutor<P>> pipeline_;
   std::unique_ptr<data::TokenSource> data_;
   optim::LrSchedule lr_schedule_;
   std::vector<int> positions_;                  // this rank's of each sample (empty: all)
