@@ -1,5 +1,5 @@
-// comm/comm.hpp — collectives and messages on one group of the grid (ARCHITECTURE.md
-// section 6). `Comm` is the interface callers see; `MpiComm` implements it with MPI (NCCL
+// comm/comm.hpp — collectives and messages on one group of the grid (docs/ARCHITECTURE.md,
+// "Communication"). `Comm` is the interface callers see; `MpiComm` implements it with MPI (NCCL
 // comes with the GPU backend). Every call but all_reduce_sum_now is non-blocking and returns
 // a Request the caller waits on, so overlap is explicit.
 //
@@ -220,7 +220,6 @@ class MpiComm final : public Comm {
  public:
   // Does not own `comm` (the grid does).
   MpiComm(MPI_Comm comm, std::string name);
-  MPI_Comm mpi() const { return comm_; }
 
  private:
   Request do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) override;

@@ -1,4 +1,4 @@
-// model/context_parallel.hpp — context parallelism (ARCHITECTURE.md section 4): each sequence
+// model/context_parallel.hpp — context parallelism (docs/ARCHITECTURE.md, "The model"): each sequence
 // is cut over the cp group (model/layout.hpp's sequence_pieces: zigzag or contiguous), and
 // attention becomes a ring. K/V blocks travel round the group in C-1 steps while each rank
 // attends its queries to the block it holds; the partial results are merged exactly with

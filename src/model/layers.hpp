@@ -1,4 +1,4 @@
-// model/layers.hpp — the GPT's layers on one rank's shard (ARCHITECTURE.md section 4), each
+// model/layers.hpp — the GPT's layers on one rank's shard (docs/ARCHITECTURE.md, "The model"), each
 // with forward and backward written by hand (llm.c). A layer holds views of its parameters
 // and gradients (empty gradients for a forward-only use) and owns the tensor-parallel
 // collective it needs together with that collective's backward dual:

@@ -1,5 +1,5 @@
-// model/moe.hpp — the mixture-of-experts layer in a block's MLP slot (ARCHITECTURE.md
-// section 4): a router (linear, softmax, the top_k experts of each token, gates
+// model/moe.hpp — the mixture-of-experts layer in a block's MLP slot (docs/ARCHITECTURE.md,
+// "The model"): a router (linear, softmax, the top_k experts of each token, gates
 // renormalised over them), experts that are GELU MLPs split over tp like the dense one, a
 // capacity per expert and micro-batch, and the Switch load-balancing loss
 //   aux = aux_loss_coef * E * sum_e f_e P_e

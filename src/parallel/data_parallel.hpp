@@ -1,5 +1,5 @@
 // parallel/data_parallel.hpp — data parallelism and ZeRO over the dense-grad group
-// (ARCHITECTURE.md section 5). The flat buffer of N elements is split in D equal shards,
+// (docs/ARCHITECTURE.md, "Where each parallel axis lives"). The flat buffer of N elements is split in D equal shards,
 // rank r owning [r*S, (r+1)*S); with experts split over ep, the expert tensors are sharded
 // separately over the expert-grad group (ShardMap) and "shard" means both parts.
 //

@@ -133,10 +133,6 @@ std::int64_t micro_batches_per_step(const Config& config) {
   return t.global_batch / (t.micro_batch * config.parallel.dp * config.parallel.ep);
 }
 
-std::vector<int> schedule_in_flight(const Config& config, int stage) {
-  return stage_needs(config).at(std::size_t(stage)).in_flight;
-}
-
 double pipeline_bubble(const Config& config) {
   const double p = double(config.parallel.pp), v = double(config.parallel.virtual_stages);
   const double m = double(micro_batches_per_step(config));

@@ -76,9 +76,6 @@ ExpertEstimate estimate_experts(const Config& config);
 
 // Micro-batches per step on one rank: global_batch / (micro_batch * dp * ep).
 std::int64_t micro_batches_per_step(const Config& config);
-// Micro-batches each chunk of pipeline stage `stage` holds at most (its activation slots),
-// from the deck's checked schedule; 1 per chunk without a pipeline.
-std::vector<int> schedule_in_flight(const Config& config, int stage);
 // Idle fraction of the pipeline schedule: (p-1)/(v*m + p-1).
 double pipeline_bubble(const Config& config);
 std::int64_t dtype_bytes(const Config& config);

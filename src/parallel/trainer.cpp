@@ -66,7 +66,7 @@ void check_supported(const Config& c) {
   throw Error(
       "this ptrain was built with -DPTRAIN_ENABLE_CUDA=ON, which plans (--plan) but "
       "does not train yet: the GPU backend (device-resident tensors, cuBLAS gemm, NCCL "
-      "groups, bf16) is not implemented. Train with a CPU build",
+      "groups) is not implemented. Train with a CPU build",
       kExitInput);
 #else
   if (c.backend.device == "cuda")
