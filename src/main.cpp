@@ -172,7 +172,8 @@ int threads_for(const Config& config, const Grid& grid) {
 struct KokkosScope {
   explicit KokkosScope(int threads) {
 #if KOKKOS_VERSION >= 30700
-    Kokkos::initialize(Kokkos::InitializationSettings().set_num_threads(threads).set_disable_warnings(true));
+    Kokkos::initialize(
+        Kokkos::InitializationSettings().set_num_threads(threads).set_disable_warnings(true));
 #else
     Kokkos::InitArguments args;
     args.num_threads = threads;
@@ -195,7 +196,7 @@ int blas_threads_for(const Config& config, int threads) {
 // operands; fp32 and fp64 runs are measured against sgemm, as before).
 Precision probe_precision(const Config& config) {
   return deck::precision_policy(config).compute == Precision::bf16 ? Precision::bf16
-                                                                    : Precision::fp32;
+                                                                   : Precision::fp32;
 }
 const char* probe_name(Precision p) { return p == Precision::bf16 ? "bf16 gemm" : "sgemm"; }
 
@@ -322,8 +323,8 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;
   log_memory_peaks(config);  // before the second probe, whose buffers are not the run's
   if (bench && config.backend.peak_gflops <= 0) log_probe_after(config, peak, gflops / world);
-  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds),
-                "; final loss ", fixed("%.4f", last_loss),
+  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds), "; final loss ",
+                fixed("%.4f", last_loss),
                 std::isnan(last_val) ? std::string() : cat(", val loss ", fixed("%.4f", last_val)),
                 "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
                 " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
@@ -368,7 +369,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
-  parallel::check_supported(config);  // before Kokkos starts on a device
+  parallel::check_supported(config);              // before Kokkos starts on a device
   const int threads = threads_for(config, grid);  // the deck and the node map decide them
   KokkosScope kokkos(threads);
   log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,

@@ -20,9 +20,11 @@ namespace {
 }
 
 void check_error(const ptrain::Error& e) {
-  if (e.exit_code() != ptrain::kExitInput) finding(ptrain::cat("exit code ", e.exit_code(), ": ", e.what()));
+  if (e.exit_code() != ptrain::kExitInput)
+    finding(ptrain::cat("exit code ", e.exit_code(), ": ", e.what()));
   for (char c : std::string(e.what()))
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) finding(ptrain::cat("raw control byte in: ", e.what()));
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      finding(ptrain::cat("raw control byte in: ", e.what()));
 }
 
 }  // namespace
@@ -53,7 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string echoed = ptrain::deck::echo(config);
   try {
     ptrain::Config back = ptrain::deck::parse_text(echoed, config.deck_path);
-    if (!ptrain::deck::same_values(config, back)) finding("the echo reads back to other values:\n" + echoed);
+    if (!ptrain::deck::same_values(config, back))
+      finding("the echo reads back to other values:\n" + echoed);
     if (ptrain::deck::echo(back) != echoed) finding("the echo of the echo differs:\n" + echoed);
   } catch (const ptrain::Error& e) {
     finding(ptrain::cat("the echo does not read back (", e.what(), "):\n", echoed));

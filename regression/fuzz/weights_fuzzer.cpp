@@ -184,8 +184,8 @@ void load_all(const std::string& path) {
   }
   for (const char* name : {"format_version", "deck"})
     run_load(
-        "read_string_attribute",
-        [&] { (void)ckpt::read_string_attribute(path, name); }, [] { return true; });
+        "read_string_attribute", [&] { (void)ckpt::read_string_attribute(path, name); },
+        [] { return true; });
 }
 
 // ---- libhdf5's own crashes ------------------------------------------------------------------
@@ -411,8 +411,8 @@ void copy_attributes(hid_t src, hid_t dst) {
         const auto n = static_cast<std::size_t>(H5Sget_simple_extent_npoints(space));
         std::vector<char> bytes(H5Tget_size(type) * n);
         H5Aread(attr, type, bytes.data());
-        const hid_t copy = H5Acreate2(*static_cast<hid_t*>(out), name, type, space, H5P_DEFAULT,
-                                      H5P_DEFAULT);
+        const hid_t copy =
+            H5Acreate2(*static_cast<hid_t*>(out), name, type, space, H5P_DEFAULT, H5P_DEFAULT);
         H5Awrite(copy, type, bytes.data());
         H5Aclose(copy);
         H5Sclose(space);
@@ -503,8 +503,8 @@ std::vector<std::string> write_seeds(const std::string& dir) {
     state.seed = 4242;
     state.lr = 3e-3;
     const std::string folder = dir + "/ckpt_" + name;
-    const auto report = ckpt::save_checkpoint<T>(folder, MPI_COMM_SELF, m.chunks, b, everything,
-                                                 state, attrs, 1);
+    const auto report =
+        ckpt::save_checkpoint<T>(folder, MPI_COMM_SELF, m.chunks, b, everything, state, attrs, 1);
     fs::rename(report.path, dir + "/" + name);
     fs::remove_all(folder);
     written.push_back(name);
@@ -546,7 +546,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   // Open MPI would take SIGABRT (a finding) for its own stack trace, and libFuzzer then keeps
   // its hands off it: no artifact. Let libFuzzer have the signals.
   setenv("OMPI_MCA_opal_signal", "", 0);
-  if (!initialized) MPI_Init(argc, argv);  // never finalized: libFuzzer exits without a hook
+  if (!initialized) MPI_Init(argc, argv);       // never finalized: libFuzzer exits without a hook
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // the loaders quiet HDF5 too; the seeds' copy
   for (int i = 1; i + 1 < *argc; ++i)
     if (std::strcmp((*argv)[i], "--write-seeds") == 0) {

@@ -37,7 +37,7 @@ unsigned ucp_worker_progress(void *worker) {
   static unsigned idle;
   if (!real) {
     void *sym = dlsym(RTLD_NEXT, "ucp_worker_progress");
-    memcpy(&real, &sym, sizeof real);  /* object to function pointer, the POSIX way */
+    memcpy(&real, &sym, sizeof real); /* object to function pointer, the POSIX way */
     yielding = oversubscribed();
   }
   const unsigned events = real(worker);

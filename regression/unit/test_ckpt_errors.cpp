@@ -591,14 +591,15 @@ TEST(CkptErrors, NamesAndValuesFromAFileAreWrittenOnOneLineInErrors) {
   const std::string extra = edited("extra.h5", [](hid_t f) {
     const hsize_t n = 2;
     hid_t space = H5Screate_simple(1, &n, nullptr);
-    hid_t d = H5Dcreate2(f, "/optim/m/tab\there", H5T_IEEE_F32LE, space, H5P_DEFAULT,
-                         H5P_DEFAULT, H5P_DEFAULT);
+    hid_t d = H5Dcreate2(f, "/optim/m/tab\there", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                         H5P_DEFAULT);
     EXPECT_GE(d, 0);
     H5Dclose(d);
     H5Sclose(space);
   });
-  EXPECT_EQ(load(extra), extra + ": /optim/m/tab\\x09here is not a tensor of this model "
-                                 "(the checkpoint is of another model)");
+  EXPECT_EQ(load(extra), extra +
+                             ": /optim/m/tab\\x09here is not a tensor of this model "
+                             "(the checkpoint is of another model)");
   // A format_version of two lines.
   const std::string version = edited("version.h5", [](hid_t f) {
     H5Adelete(f, "format_version");
@@ -611,13 +612,15 @@ TEST(CkptErrors, NamesAndValuesFromAFileAreWrittenOnOneLineInErrors) {
     H5Sclose(space);
     H5Tclose(type);
   });
-  EXPECT_EQ(load(version), version + ": format_version 2\\x0a3 is not supported (this ptrain "
-                                     "reads checkpoints of format_version 2)");
+  EXPECT_EQ(load(version), version +
+                               ": format_version 2\\x0a3 is not supported (this ptrain "
+                               "reads checkpoints of format_version 2)");
   std::vector<float> whole(std::size_t(shards.chunks[0].numel), -1.0f);
   EXPECT_EQ(error_of([&] {
               ckpt::load_weights<float>(version, MPI_COMM_WORLD, shards.chunks, {whole.data()},
                                         [](const TensorSpec&) { return world_rank() == 0; });
             }),
-            version + ": format_version 2\\x0a3 is not supported (this ptrain reads 1, and 2 for "
-                      "checkpoints)");
+            version +
+                ": format_version 2\\x0a3 is not supported (this ptrain reads 1, and 2 for "
+                "checkpoints)");
 }

@@ -1,8 +1,6 @@
 // ptrain-test: np=1,2 labels=quick timeout=120
 // Data module: the counter-based rng, layout-invariant sampling, the three sources, errors.
 #include <gtest/gtest.h>
-
-#include "test_support.hpp"
 #include <mpi.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 
 #include "data/data.hpp"
 #include "data/rng.hpp"
+#include "test_support.hpp"
 #include "util/error.hpp"
 
 using namespace ptrain;
@@ -29,7 +28,6 @@ using ptrain::test::world_rank;
 using ptrain::test::world_size;
 
 namespace {
-
 
 // A file under /tmp private to this rank and process, removed at scope exit.
 class TempFile {

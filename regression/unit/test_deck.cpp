@@ -1,21 +1,20 @@
 // ptrain-test: np=1,2,4 labels=quick timeout=120
 // The deck: namelist grammar, errors with file:line:col, --set overrides, cross-field
 // validation, the echo round trip, and the MPI load (same Config or same error everywhere).
+#include <dirent.h>
 #include <gtest/gtest.h>
-
-#include "test_support.hpp"
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <functional>
 #include <sstream>
-#include <unistd.h>
 
 #include "deck/deck.hpp"
+#include "test_support.hpp"
 #include "util/error.hpp"
 
 using namespace ptrain;
@@ -50,7 +49,6 @@ bool bits_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0;
 std::vector<std::string> order_of(const std::string& items) {
   return deck::parse_text("&parallel " + items + " /", "a.nml").parallel.order;
 }
-
 
 std::string bcast_string(std::string s) {
   long long n = static_cast<long long>(s.size());
@@ -167,13 +165,13 @@ TEST(DeckGrammar, NamesAreCaseInsensitiveAndGroupsInAnyOrder) {
 
 TEST(DeckGrammar, Logicals) {
   const std::vector<std::pair<std::string, bool>> forms = {
-      {".true.", true}, {".false.", false}, {"T", true},      {"F", false},  {".t.", true},
-      {".f.", false},   {"true", true},     {"false", false}, {".TRUE.", true}, {"t", true},
-      {".tomato", true}, {"f", false}};
+      {".true.", true}, {".false.", false}, {"T", true},       {"F", false},
+      {".t.", true},    {".f.", false},     {"true", true},    {"false", false},
+      {".TRUE.", true}, {"t", true},        {".tomato", true}, {"f", false}};
   for (const auto& [text, want] : forms) {
     // Start from the opposite value so a no-op would be caught.
-    Config c = deck::parse_text(cat("&run trace = ", text, " /\n&checkpoint save_final=", text, "/"),
-                                "l.nml");
+    Config c = deck::parse_text(
+        cat("&run trace = ", text, " /\n&checkpoint save_final=", text, "/"), "l.nml");
     EXPECT_EQ(c.run.trace, want) << text;
     EXPECT_EQ(c.checkpoint.save_final, want) << text;
   }
@@ -204,7 +202,8 @@ TEST(DeckGrammar, ArraysIndicesRepeatsAndNulls) {
   EXPECT_EQ(order_of("order = , 'p'"), (V{"t", "p", "e", "d", "p"}));
   EXPECT_EQ(order_of("order = 'p', , , 't'"), (V{"p", "c", "e", "t", "p"}));
   EXPECT_EQ(order_of("order = 2*, 'c', 't',"), (V{"t", "c", "c", "t", "p"}));
-  EXPECT_EQ(order_of("order = 'p',,,,,,"), (V{"p", "c", "e", "d", "p"}));  // trailing nulls, one past the end
+  EXPECT_EQ(order_of("order = 'p',,,,,,"),
+            (V{"p", "c", "e", "d", "p"}));  // trailing nulls, one past the end
   EXPECT_EQ(order_of("order(1) = 'd', order(5) = 't'"), (V{"d", "c", "e", "d", "t"}));
   EXPECT_EQ(order_of("order( 3 ) = 'p'"), (V{"t", "c", "p", "d", "p"}));
   // Repeat counts on numbers; a null scalar leaves the default.
@@ -221,7 +220,8 @@ TEST(DeckGrammar, ItemSeparatorsAndTerminators) {
   Config c = deck::parse_text(
       "notes before the deck\n&model n_layer = 2 d_model = 64 , , n_head = 8 &END\nnotes after /\n",
       "s.nml");
-  Config d = deck::parse_text("\r\n&model\r\n\tn_layer = 2\r\n\td_model = 64\r\n\tn_head = 8\r\n/\r\n", "s.nml");
+  Config d = deck::parse_text(
+      "\r\n&model\r\n\tn_layer = 2\r\n\td_model = 64\r\n\tn_head = 8\r\n/\r\n", "s.nml");
   EXPECT_EQ(a.model.n_layer, 2);
   EXPECT_EQ(a.model.d_model, 64);
   EXPECT_EQ(a.model.n_head, 8);
@@ -264,7 +264,8 @@ TEST(DeckGrammar, RealsWithoutExponentLetter) {
 TEST(DeckGrammar, DollarGroups) {
   // gfortran reads $name ... $end groups, and &end may be longer ("&endrun").
   Config c = deck::parse_text(
-      "$run steps = 5 $end\n$MODEL n_layer = 2 /\n&train lr = 1e-3 $END\n&data val_samples = 3 &endgroup\n",
+      "$run steps = 5 $end\n$MODEL n_layer = 2 /\n&train lr = 1e-3 $END\n&data val_samples = 3 "
+      "&endgroup\n",
       "d.nml");
   EXPECT_EQ(c.run.steps, 5);
   EXPECT_EQ(c.model.n_layer, 2);
@@ -291,7 +292,8 @@ TEST(DeckGrammar, NullsCommentsAndSeparators) {
   EXPECT_EQ(a.run.steps, 100);
   EXPECT_EQ(a.run.seed, 5);
   EXPECT_EQ(a.parallel.order, deck::defaults().parallel.order);
-  Config b = deck::parse_text("&run steps = ! c\n seed = 5 /\n&parallel order = 'p' ! c\n 'd' /", "n.nml");
+  Config b =
+      deck::parse_text("&run steps = ! c\n seed = 5 /\n&parallel order = 'p' ! c\n 'd' /", "n.nml");
   EXPECT_EQ(b.run.steps, 100);
   EXPECT_EQ(b.run.seed, 5);
   EXPECT_EQ(b.parallel.order, (std::vector<std::string>{"p", "d", "e", "d", "p"}));
@@ -319,38 +321,53 @@ TEST(DeckErrors, MalformedDecks) {
   };
   const Case cases[] = {
       // unknown names, with and without a suggestion
-      {"&modle\n n_layer = 2\n/\n", "deck.nml:1:1: unknown group '&modle' (did you mean '&model'?)"},
+      {"&modle\n n_layer = 2\n/\n",
+       "deck.nml:1:1: unknown group '&modle' (did you mean '&model'?)"},
       {"&optimizer lr = 1 /", "deck.nml:1:1: unknown group '&optimizer'"},
-      {"&parallel\n  tpp = 2\n/\n", "deck.nml:2:3: unknown key 'tpp' in &parallel (did you mean 'tp'?)"},
-      {"&PARALLEL\n  TPP = 2 /", "deck.nml:2:3: unknown key 'TPP' in &parallel (did you mean 'tp'?)"},
+      {"&parallel\n  tpp = 2\n/\n",
+       "deck.nml:2:3: unknown key 'tpp' in &parallel (did you mean 'tp'?)"},
+      {"&PARALLEL\n  TPP = 2 /",
+       "deck.nml:2:3: unknown key 'TPP' in &parallel (did you mean 'tp'?)"},
       {"&run\n  colour = 3\n/", "deck.nml:2:3: unknown key 'colour' in &run"},
       // wrong types
       {"&parallel\n  tp = abc\n/", "deck.nml:2:8: expected an integer for parallel%tp, got 'abc'"},
       {"&model n_layer = 4.0 /", "deck.nml:1:18: expected an integer for model%n_layer, got '4.0'"},
-      {"&model n_layer = '4' /", "deck.nml:1:18: expected an integer for model%n_layer, got the string '4'"},
+      {"&model n_layer = '4' /",
+       "deck.nml:1:18: expected an integer for model%n_layer, got the string '4'"},
       {"&run seed = 99999999999999999999 /",
-       "deck.nml:1:13: expected an integer for run%seed, got '99999999999999999999' (beyond the 64-bit range)"},
-      {"&train\n lr = 1.0x-3\n/", "deck.nml:2:7: expected a real number for train%lr, got '1.0x-3'"},
+       "deck.nml:1:13: expected an integer for run%seed, got '99999999999999999999' (beyond the "
+       "64-bit range)"},
+      {"&train\n lr = 1.0x-3\n/",
+       "deck.nml:2:7: expected a real number for train%lr, got '1.0x-3'"},
       {"&train lr = 1e999 /",
-       "deck.nml:1:13: expected a real number for train%lr, got '1e999' (beyond the range of a double)"},
+       "deck.nml:1:13: expected a real number for train%lr, got '1e999' (beyond the range of a "
+       "double)"},
       {"&train lr = -Infinity /",
-       "deck.nml:1:13: expected a real number for train%lr, got '-Infinity' (infinities and NaNs are not allowed)"},
+       "deck.nml:1:13: expected a real number for train%lr, got '-Infinity' (infinities and NaNs "
+       "are not allowed)"},
       {"&train lr = 1.5e /", "deck.nml:1:13: expected a real number for train%lr, got '1.5e'"},
-      {"&train lr = 1.5-3.0 /", "deck.nml:1:13: expected a real number for train%lr, got '1.5-3.0'"},
+      {"&train lr = 1.5-3.0 /",
+       "deck.nml:1:13: expected a real number for train%lr, got '1.5-3.0'"},
       {"&run steps = 15-3 /", "deck.nml:1:14: expected an integer for run%steps, got '15-3'"},
-      {"&run trace = .x /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '.x'"},
-      {"&run trace = yes /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got 'yes'"},
-      {"&run trace = 1 /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '1'"},
+      {"&run trace = .x /",
+       "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '.x'"},
+      {"&run trace = yes /",
+       "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got 'yes'"},
+      {"&run trace = 1 /",
+       "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '1'"},
       {"&model dtype = fp64 /",
        "deck.nml:1:16: expected a quoted string for model%dtype, got fp64 (write it as 'fp64')"},
       {"&run\r\n  steps = x\r\n/\r\n", "deck.nml:2:11: expected an integer for run%steps, got 'x'"},
       // ranges and choices
-      {"&parallel zero = 4 /", "deck.nml:1:18: parallel%zero = 4 is out of range: must be in [0, 3]"},
+      {"&parallel zero = 4 /",
+       "deck.nml:1:18: parallel%zero = 4 is out of range: must be in [0, 3]"},
       {"&run\n steps = -5\n/", "deck.nml:2:10: run%steps = -5 is out of range: must be >= 0"},
       {"&parallel bucket_mb = 0.0 /",
        "deck.nml:1:23: parallel%bucket_mb = 0.0 is out of range: must be >= 0.001"},
-      {"&model dtype = 'fp16' /", "deck.nml:1:16: model%dtype = 'fp16' is not one of 'fp32', 'fp64', 'bf16'"},
-      {"&train optimizer = 'adam' /", "deck.nml:1:20: train%optimizer = 'adam' is not one of 'adamw', 'sgd'"},
+      {"&model dtype = 'fp16' /",
+       "deck.nml:1:16: model%dtype = 'fp16' is not one of 'fp32', 'fp64', 'bf16'"},
+      {"&train optimizer = 'adam' /",
+       "deck.nml:1:20: train%optimizer = 'adam' is not one of 'adamw', 'sgd'"},
       {"&parallel order(3) = 'x' /",
        "deck.nml:1:22: parallel%order(3) = 'x' is not one of 't', 'c', 'e', 'd', 'p'"},
       // duplicates
@@ -358,44 +375,60 @@ TEST(DeckErrors, MalformedDecks) {
        "deck.nml:4:2: duplicate key model%n_layer (first set at line 2)"},
       {"&parallel\n order = 't', 'c', 'e', 'd', 'p'\n order(2) = 'c'\n/",
        "deck.nml:3:2: duplicate key parallel%order(2) (first set at line 2)"},
-      {"&run\n\tname = 'x'\n\tname = 'y'\n/", "deck.nml:3:2: duplicate key run%name (first set at line 2)"},
-      {"&run /\n&model /\n&run steps = 1 /", "deck.nml:3:1: duplicate group &run (first at line 1)"},
+      {"&run\n\tname = 'x'\n\tname = 'y'\n/",
+       "deck.nml:3:2: duplicate key run%name (first set at line 2)"},
+      {"&run /\n&model /\n&run steps = 1 /",
+       "deck.nml:3:1: duplicate group &run (first at line 1)"},
       // strings and groups that do not end
       {"&run\n name = 'abc\n/", "deck.nml:2:9: unterminated string (no closing quote)"},
       {"&run name = \"abc", "deck.nml:1:13: unterminated string (no closing quote)"},
-      {"&run name = 'a'x /", "deck.nml:1:16: expected ',' or a blank after the string 'a', got 'x'"},
-      {"&run\n steps = 5\n", "deck.nml:1:1: unterminated group &run (the file ends before its closing '/')"},
-      {"\n\n  &model n_layer = 2", "deck.nml:3:3: unterminated group &model (the file ends before its closing '/')"},
-      {"&run steps = 5\n&model n_layer = 2 /", "deck.nml:2:1: &run is not closed before '&model' (missing '/')"},
+      {"&run name = 'a'x /",
+       "deck.nml:1:16: expected ',' or a blank after the string 'a', got 'x'"},
+      {"&run\n steps = 5\n",
+       "deck.nml:1:1: unterminated group &run (the file ends before its closing '/')"},
+      {"\n\n  &model n_layer = 2",
+       "deck.nml:3:3: unterminated group &model (the file ends before its closing '/')"},
+      {"&run steps = 5\n&model n_layer = 2 /",
+       "deck.nml:2:1: &run is not closed before '&model' (missing '/')"},
       {"! nothing\n&end\n", "deck.nml:2:1: '&end' outside a group"},
       {"& run /", "deck.nml:1:1: expected a group name after '&'"},
       // array indices and value counts
       {"&parallel order(6) = 'p' /",
-       "deck.nml:1:17: bad array index (6) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
+       "deck.nml:1:17: bad array index (6) for parallel%order: expected i, lo:hi or lo:hi:step "
+       "within 1..5"},
       {"&parallel order(0) = 'p' /",
-       "deck.nml:1:17: bad array index (0) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
+       "deck.nml:1:17: bad array index (0) for parallel%order: expected i, lo:hi or lo:hi:step "
+       "within 1..5"},
       {"&parallel order(3:2) = 'p' /",
-       "deck.nml:1:17: bad array index (3:2) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
+       "deck.nml:1:17: bad array index (3:2) for parallel%order: expected i, lo:hi or lo:hi:step "
+       "within 1..5"},
       {"&parallel order(::2) = 'p' /",
-       "deck.nml:1:17: bad array index (::2) for parallel%order: expected i, lo:hi or lo:hi:step within 1..5"},
+       "deck.nml:1:17: bad array index (::2) for parallel%order: expected i, lo:hi or lo:hi:step "
+       "within 1..5"},
       {"&parallel order(2 3) = 'p' /",
-       "deck.nml:1:17: bad array index (2 3) for parallel%order: a blank separates two numbers (gfortran would "
+       "deck.nml:1:17: bad array index (2 3) for parallel%order: a blank separates two numbers "
+       "(gfortran would "
        "read a section; write lo:hi)"},
       {"&parallel order(1:2) = 'p', 'p', 'p' /",
        "deck.nml:1:34: too many values for parallel%order(1:2) (the section has 2 elements)"},
       // what gfortran rejects: a blank before the index, nulls beyond the size, a comment
       // where the value should be, a comment glued to a name
       {"&parallel order (1) = 'c' /",
-       "deck.nml:1:17: expected '=' after 'order' (an array index follows the name without a blank)"},
+       "deck.nml:1:17: expected '=' after 'order' (an array index follows the name without a "
+       "blank)"},
       {"&run steps = 2* /", "deck.nml:1:14: too many values for run%steps (it is a scalar)"},
-      {"&parallel order = 't', 5* /", "deck.nml:1:24: too many values for parallel%order (it has 5 elements)"},
+      {"&parallel order = 't', 5* /",
+       "deck.nml:1:24: too many values for parallel%order (it has 5 elements)"},
       {"&run steps = ,,, /", "deck.nml:1:16: too many values for run%steps (it is a scalar)"},
-      {"&parallel order = 'p',,,,,,, /", "deck.nml:1:28: too many values for parallel%order (it has 5 elements)"},
+      {"&parallel order = 'p',,,,,,, /",
+       "deck.nml:1:28: too many values for parallel%order (it has 5 elements)"},
       {"&run steps = ! the steps\n 5 /",
-       "deck.nml:2:2: a comment right after '=' or ',' ends the values of run%steps (gfortran reads no value "
+       "deck.nml:2:2: a comment right after '=' or ',' ends the values of run%steps (gfortran "
+       "reads no value "
        "after it): move the comment after the value"},
       {"&parallel order = 'p', ! c\n 'd' /",
-       "deck.nml:2:2: a comment right after '=' or ',' ends the values of parallel%order (gfortran reads no "
+       "deck.nml:2:2: a comment right after '=' or ',' ends the values of parallel%order (gfortran "
+       "reads no "
        "value after it): move the comment after the value"},
       {"&run steps! c\n = 5 /", "deck.nml:1:13: expected '=' after 'steps'"},
       {"&parallel tp(1) = 2 /", "deck.nml:1:13: parallel%tp is a scalar and takes no array index"},
@@ -403,11 +436,13 @@ TEST(DeckErrors, MalformedDecks) {
        "deck.nml:1:39: too many values for parallel%order (it has 5 elements)"},
       {"&parallel order(4) = 'd', 'p', 't' /",
        "deck.nml:1:32: too many values for parallel%order (it has 5 elements)"},
-      {"&parallel order = 6*'t' /", "deck.nml:1:19: too many values for parallel%order (it has 5 elements)"},
+      {"&parallel order = 6*'t' /",
+       "deck.nml:1:19: too many values for parallel%order (it has 5 elements)"},
       {"&parallel tp = 2, 4 /", "deck.nml:1:19: too many values for parallel%tp (it is a scalar)"},
       {"&run name = 'a' 'b' /", "deck.nml:1:17: too many values for run%name (it is a scalar)"},
       {"&parallel order = 0*'t' /", "deck.nml:1:19: bad repeat count in '0*'"},
-      {"&run trace = 1 /", "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '1'"},
+      {"&run trace = 1 /",
+       "deck.nml:1:14: expected a logical (.true. or .false.) for run%trace, got '1'"},
       // item syntax
       {"&model\n n_layer 4\n/", "deck.nml:2:10: expected '=' after 'n_layer'"},
       {"&model n_layer = 4) /", "deck.nml:1:19: expected ',' or a blank after '4', got ')'"},
@@ -421,9 +456,10 @@ TEST(DeckErrors, MalformedDecks) {
 // --- --set overrides -------------------------------------------------------------
 
 TEST(DeckOverrides, ApplyAfterTheFile) {
-  Config c = deck::parse_text("&model n_layer = 2 /\n&parallel order = 't','c','e','d','p' /", "o.nml",
-                              {"model%n_layer=8", "data%path=/x/y.txt", "parallel%order=d,t,c,e,p",
-                               "Train%LR=1.0d-3", "run%trace=T", "run%name='it''s'", "model%dtype = fp64"});
+  Config c = deck::parse_text(
+      "&model n_layer = 2 /\n&parallel order = 't','c','e','d','p' /", "o.nml",
+      {"model%n_layer=8", "data%path=/x/y.txt", "parallel%order=d,t,c,e,p", "Train%LR=1.0d-3",
+       "run%trace=T", "run%name='it''s'", "model%dtype = fp64"});
   EXPECT_EQ(c.model.n_layer, 8);
   EXPECT_EQ(c.data.path, "/x/y.txt");
   EXPECT_EQ(c.parallel.order, (std::vector<std::string>{"d", "t", "c", "e", "p"}));
@@ -433,32 +469,45 @@ TEST(DeckOverrides, ApplyAfterTheFile) {
   EXPECT_EQ(c.model.dtype, "fp64");
   Config q = deck::parse_text("", "o.nml", {"parallel%order='p', 'd', 'e', 'c', 't'"});
   EXPECT_EQ(q.parallel.order, (std::vector<std::string>{"p", "d", "e", "c", "t"}));
-  EXPECT_EQ(error_of([] { deck::parse_text("", "o.nml", {"parallel%order(1)=c", "parallel%order='p'"}); }),
-            "--set parallel%order='p': duplicate key parallel%order(1) (already set by an earlier --set)");
+  EXPECT_EQ(error_of([] {
+              deck::parse_text("", "o.nml", {"parallel%order(1)=c", "parallel%order='p'"});
+            }),
+            "--set parallel%order='p': duplicate key parallel%order(1) (already set by an earlier "
+            "--set)");
   Config e = deck::parse_text("", "o.nml", {"parallel%order(2)=d", "run%name=a, b"});
   EXPECT_EQ(e.parallel.order, (std::vector<std::string>{"t", "d", "e", "d", "p"}));
   EXPECT_EQ(e.run.name, "a, b");
 }
 
 TEST(DeckOverrides, Errors) {
-  EXPECT_EQ(set_error({"parallel%tpp=2"}), "--set parallel%tpp=2: unknown key 'tpp' in &parallel (did you mean 'tp'?)");
-  EXPECT_EQ(set_error({"modle%n_layer=2"}), "--set modle%n_layer=2: unknown group '&modle' (did you mean '&model'?)");
+  EXPECT_EQ(set_error({"parallel%tpp=2"}),
+            "--set parallel%tpp=2: unknown key 'tpp' in &parallel (did you mean 'tp'?)");
+  EXPECT_EQ(set_error({"modle%n_layer=2"}),
+            "--set modle%n_layer=2: unknown group '&modle' (did you mean '&model'?)");
   EXPECT_EQ(set_error({"n_layer=2"}), "--set n_layer=2: expected group%key=value");
   EXPECT_EQ(set_error({"model%n_layer"}), "--set model%n_layer: expected group%key=value");
-  EXPECT_EQ(set_error({"model%n_layer=abc"}), "--set model%n_layer=abc: expected an integer for model%n_layer, got 'abc'");
+  EXPECT_EQ(set_error({"model%n_layer=abc"}),
+            "--set model%n_layer=abc: expected an integer for model%n_layer, got 'abc'");
   EXPECT_EQ(set_error({"model%n_layer="}), "--set model%n_layer=: no value given");
-  EXPECT_EQ(set_error({"model%n_layer=2 3"}), "--set model%n_layer=2 3: too many values for model%n_layer (it is a scalar)");
-  EXPECT_EQ(set_error({"model%n_layer=4 d_model=3"}), "--set model%n_layer=4 d_model=3: unexpected 'd_model=3' in the value");
-  EXPECT_EQ(set_error({"model%dtype=fp16"}), "--set model%dtype=fp16: model%dtype = 'fp16' is not one of 'fp32', 'fp64', 'bf16'");
+  EXPECT_EQ(set_error({"model%n_layer=2 3"}),
+            "--set model%n_layer=2 3: too many values for model%n_layer (it is a scalar)");
+  EXPECT_EQ(set_error({"model%n_layer=4 d_model=3"}),
+            "--set model%n_layer=4 d_model=3: unexpected 'd_model=3' in the value");
+  EXPECT_EQ(set_error({"model%dtype=fp16"}),
+            "--set model%dtype=fp16: model%dtype = 'fp16' is not one of 'fp32', 'fp64', 'bf16'");
   EXPECT_EQ(set_error({"parallel%order(7)=t"}),
-            "--set parallel%order(7)=t: bad array index (7) for parallel%order: expected i, lo:hi or lo:hi:step "
+            "--set parallel%order(7)=t: bad array index (7) for parallel%order: expected i, lo:hi "
+            "or lo:hi:step "
             "within 1..5");
-  EXPECT_EQ(set_error({"parallel%order=t,c,e,d,p,t"}),
-            "--set parallel%order=t,c,e,d,p,t: too many values for parallel%order (it has 5 elements)");
-  EXPECT_EQ(set_error({"parallel%zero=9"}), "--set parallel%zero=9: parallel%zero = 9 is out of range: must be in [0, 3]");
+  EXPECT_EQ(
+      set_error({"parallel%order=t,c,e,d,p,t"}),
+      "--set parallel%order=t,c,e,d,p,t: too many values for parallel%order (it has 5 elements)");
+  EXPECT_EQ(set_error({"parallel%zero=9"}),
+            "--set parallel%zero=9: parallel%zero = 9 is out of range: must be in [0, 3]");
   EXPECT_EQ(set_error({"model%n_layer=2", "model%n_layer=3"}),
             "--set model%n_layer=3: duplicate key model%n_layer (already set by an earlier --set)");
-  EXPECT_EQ(set_error({"run%name='abc"}), "--set run%name='abc: unterminated string (no closing quote)");
+  EXPECT_EQ(set_error({"run%name='abc"}),
+            "--set run%name='abc: unterminated string (no closing quote)");
   EXPECT_EQ(set_error({"run%steps=5/"}), "--set run%steps=5/: unexpected '/' in the value");
 }
 
@@ -477,7 +526,8 @@ TEST(DeckValidate, ResolvesDataParallelAndAcceptsGoodDecks) {
   // A full 5-axis grid on 32 ranks: D2 T2 P2 C2 E2.
   Config g = deck::parse_text(
       "&model n_expert = 4, n_layer = 8, seq_len = 64 /\n"
-      "&parallel dp = 2, tp = 2, pp = 2, cp = 2, ep = 2, virtual_stages = 2, pp_schedule = 'interleaved',"
+      "&parallel dp = 2, tp = 2, pp = 2, cp = 2, ep = 2, virtual_stages = 2, pp_schedule = "
+      "'interleaved',"
       " sequence_parallel = .true., order = 'p','d','e','c','t' /\n"
       "&train global_batch = 32, micro_batch = 4 /",
       "deck.nml");
@@ -504,11 +554,13 @@ TEST(DeckValidate, ContextParallelLayoutSetsTheSequenceMultiple) {
   EXPECT_NE(error(4, "zigzag", 36), "no error");
   EXPECT_NE(error(4, "contiguous", 30), "no error");
   // From a deck file, with the key's default and its spelling in the message.
-  Config d = deck::parse_text("&model seq_len = 30 /\n&parallel cp = 2, cp_layout = 'contiguous' /", "deck.nml");
+  Config d = deck::parse_text("&model seq_len = 30 /\n&parallel cp = 2, cp_layout = 'contiguous' /",
+                              "deck.nml");
   EXPECT_EQ(error_of([&] { deck::validate(d, 2); }), "no error");
   d.parallel.cp_layout = "zigzag";
   EXPECT_EQ(error_of([&] { deck::validate(d, 2); }),
-            "deck.nml: parallel%cp = 2 with parallel%cp_layout = 'zigzag' needs model%seq_len = 30 to be a multiple "
+            "deck.nml: parallel%cp = 2 with parallel%cp_layout = 'zigzag' needs model%seq_len = 30 "
+            "to be a multiple "
             "of 2*cp = 4 (rank c holds chunks c and 2cp-1-c of 2cp)");
 }
 
@@ -523,25 +575,37 @@ TEST(DeckValidate, CrossFieldErrors) {
        "parallel%dp = -1 needs the world size 4 to be a multiple of tp*pp*cp*ep = 3*1*1*1 = 3"},
       {4, [](Config& c) { c.parallel.dp = 2; },
        "parallel%dp*tp*pp*cp*ep = 2*1*1*1*1 = 2 does not match the world size 4"},
-      {1, [](Config& c) { c.model.d_model = 130; }, "model%n_head = 4 does not divide model%d_model = 130"},
+      {1, [](Config& c) { c.model.d_model = 130; },
+       "model%n_head = 4 does not divide model%d_model = 130"},
       {3, [](Config& c) { c.parallel.tp = 3; }, "parallel%tp = 3 does not divide model%n_head = 4"},
       {4, [](Config& c) { c.model.n_layer = 6, c.parallel.pp = 4; },
-       "parallel%pp*virtual_stages = 4*1 = 4 does not divide model%n_layer = 6 (set parallel%pp_layers for an "
+       "parallel%pp*virtual_stages = 4*1 = 4 does not divide model%n_layer = 6 (set "
+       "parallel%pp_layers for an "
        "uneven split over the stages)"},
-      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_layers[0] = 3, c.parallel.pp_layers[1] = 2; },
+      {2,
+       [](Config& c) {
+         c.parallel.pp = 2, c.parallel.pp_layers[0] = 3, c.parallel.pp_layers[1] = 2;
+       },
        "parallel%pp_layers adds up to 5 layers, model%n_layer = 4"},
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_layers[0] = 4; },
-       "parallel%pp_layers must give one positive layer count per pipeline chunk (parallel%pp*virtual_stages = 2, "
+       "parallel%pp_layers must give one positive layer count per pipeline chunk "
+       "(parallel%pp*virtual_stages = 2, "
        "in order: chunk c of stage s is number c*pp + s + 1), got 1 before the first 0"},
-      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_layers[0] = 3, c.parallel.pp_layers[2] = 1; },
-       "parallel%pp_layers must give one positive layer count per pipeline chunk (parallel%pp*virtual_stages = 2, "
+      {2,
+       [](Config& c) {
+         c.parallel.pp = 2, c.parallel.pp_layers[0] = 3, c.parallel.pp_layers[2] = 1;
+       },
+       "parallel%pp_layers must give one positive layer count per pipeline chunk "
+       "(parallel%pp*virtual_stages = 2, "
        "in order: chunk c of stage s is number c*pp + s + 1), got 1 before the first 0"},
-      {8, [](Config& c) {
+      {8,
+       [](Config& c) {
          c.model.n_layer = 8, c.parallel.pp = 4, c.parallel.dp = 2, c.parallel.virtual_stages = 2;
          c.parallel.pp_schedule = "interleaved", c.train.global_batch = 6, c.train.micro_batch = 1;
        },
        "parallel%pp_schedule = 'interleaved' runs micro-batches in groups of parallel%pp = 4: "
-       "train%global_batch/(micro_batch*dp*ep) = 6/2 = 3 micro-batches per step is not a multiple of it"},
+       "train%global_batch/(micro_batch*dp*ep) = 6/2 = 3 micro-batches per step is not a multiple "
+       "of it"},
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.virtual_stages = 2; },
        "parallel%virtual_stages = 2 needs parallel%pp_schedule = 'interleaved' (got '1f1b')"},
       {1, [](Config& c) { c.parallel.virtual_stages = 2, c.parallel.pp_schedule = "interleaved"; },
@@ -549,15 +613,22 @@ TEST(DeckValidate, CrossFieldErrors) {
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_schedule = "interleaved"; },
        "parallel%pp_schedule = 'interleaved' needs parallel%virtual_stages > 1"},
       {2, [](Config& c) { c.train.global_batch = 12, c.train.micro_batch = 4; },
-       "train%micro_batch*parallel%dp*parallel%ep = 4*2*1 = 8 does not divide train%global_batch = 12"},
+       "train%micro_batch*parallel%dp*parallel%ep = 4*2*1 = 8 does not divide train%global_batch = "
+       "12"},
       {2, [](Config& c) { c.parallel.cp = 2, c.model.seq_len = 66; },
-       "parallel%cp = 2 with parallel%cp_layout = 'zigzag' needs model%seq_len = 66 to be a multiple of 2*cp = 4 "
+       "parallel%cp = 2 with parallel%cp_layout = 'zigzag' needs model%seq_len = 66 to be a "
+       "multiple of 2*cp = 4 "
        "(rank c holds chunks c and 2cp-1-c of 2cp)"},
       {4, [](Config& c) { c.parallel.cp = 4, c.model.seq_len = 30; },
-       "parallel%cp = 4 with parallel%cp_layout = 'zigzag' needs model%seq_len = 30 to be a multiple of 2*cp = 8 "
+       "parallel%cp = 4 with parallel%cp_layout = 'zigzag' needs model%seq_len = 30 to be a "
+       "multiple of 2*cp = 8 "
        "(rank c holds chunks c and 2cp-1-c of 2cp)"},
-      {4, [](Config& c) { c.parallel.cp = 4, c.parallel.cp_layout = "contiguous", c.model.seq_len = 30; },
-       "parallel%cp = 4 with parallel%cp_layout = 'contiguous' needs model%seq_len = 30 to be a multiple of cp = 4 "
+      {4,
+       [](Config& c) {
+         c.parallel.cp = 4, c.parallel.cp_layout = "contiguous", c.model.seq_len = 30;
+       },
+       "parallel%cp = 4 with parallel%cp_layout = 'contiguous' needs model%seq_len = 30 to be a "
+       "multiple of cp = 4 "
        "(rank c holds chunk c of cp)"},
       {2, [](Config& c) { c.parallel.cp = 2, c.parallel.cp_layout = "ring"; },
        "parallel%cp_layout = 'ring' is not one of 'zigzag', 'contiguous'"},
@@ -565,23 +636,35 @@ TEST(DeckValidate, CrossFieldErrors) {
        "parallel%ep = 4 does not divide model%n_expert = 6"},
       {2, [](Config& c) { c.parallel.ep = 2, c.train.micro_batch = 8; },
        "parallel%ep = 2 needs model%n_expert > 0 (the model has no experts)"},
-      {1, [](Config& c) { c.model.n_expert = 2, c.model.top_k = 3; }, "model%top_k = 3 exceeds model%n_expert = 2"},
-      {4, [](Config& c) { c.parallel.tp = 4, c.parallel.sequence_parallel = true, c.train.micro_batch = 1,
-                          c.train.global_batch = 1, c.model.seq_len = 6; },
+      {1, [](Config& c) { c.model.n_expert = 2, c.model.top_k = 3; },
+       "model%top_k = 3 exceeds model%n_expert = 2"},
+      {4,
+       [](Config& c) {
+         c.parallel.tp = 4, c.parallel.sequence_parallel = true, c.train.micro_batch = 1,
+         c.train.global_batch = 1, c.model.seq_len = 6;
+       },
        "parallel%sequence_parallel needs parallel%tp = 4 to divide "
        "train%micro_batch*model%seq_len/parallel%cp = 1*6/1 = 6"},
-      {1, [](Config& c) { c.parallel.order = {"t", "t", "e", "d", "p"}; },
+      {1,
+       [](Config& c) {
+         c.parallel.order = {"t", "t", "e", "d", "p"};
+       },
        "parallel%order = 't', 't', 'e', 'd', 'p' is not a permutation of t, c, e, d, p"},
       {1, [](Config& c) { c.data.source = "bytes", c.data.path = "x.txt", c.model.vocab = 100; },
        "data%source = 'bytes' needs model%vocab >= 256 (got 100)"},
-      {1, [](Config& c) { c.data.source = "u16"; }, "data%source = 'u16' needs a file in data%path"},
-      {1, [](Config& c) { c.data.source = "bytes"; }, "data%source = 'bytes' needs a file in data%path"},
+      {1, [](Config& c) { c.data.source = "u16"; },
+       "data%source = 'u16' needs a file in data%path"},
+      {1, [](Config& c) { c.data.source = "bytes"; },
+       "data%source = 'bytes' needs a file in data%path"},
       {1, [](Config& c) { c.parallel.grad_dtype = "bf16"; },
-       "parallel%grad_dtype = 'bf16' needs model%dtype = 'bf16' (got 'fp32'); leave it 'auto' for an fp32 model"},
+       "parallel%grad_dtype = 'bf16' needs model%dtype = 'bf16' (got 'fp32'); leave it 'auto' for "
+       "an fp32 model"},
       {1, [](Config& c) { c.model.dtype = "fp64", c.parallel.grad_dtype = "fp32"; },
-       "parallel%grad_dtype = 'fp32' needs model%dtype = 'bf16' (got 'fp64'); leave it 'auto' for an fp64 model"},
+       "parallel%grad_dtype = 'fp32' needs model%dtype = 'bf16' (got 'fp64'); leave it 'auto' for "
+       "an fp64 model"},
       {1, [](Config& c) { c.parallel.tp = 0; }, "parallel%tp = 0 is out of range: must be >= 1"},
-      {1, [](Config& c) { c.model.dtype = "fp8"; }, "model%dtype = 'fp8' is not one of 'fp32', 'fp64', 'bf16'"},
+      {1, [](Config& c) { c.model.dtype = "fp8"; },
+       "model%dtype = 'fp8' is not one of 'fp32', 'fp64', 'bf16'"},
   };
   for (const Case& k : cases) {
     Config c = deck::defaults();
@@ -604,29 +687,39 @@ TEST(DeckValidate, RangeHoles) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {[](Config& c) { c.run.out_dir = ""; }, "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')"},
+      {[](Config& c) { c.run.out_dir = ""; },
+       "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')"},
       {[](Config& c) { c.model.vocab = 2147483648; },
-       "model%vocab = 2147483648 exceeds 2147483647 (the kernels index the vocabulary with 32-bit ints)"},
+       "model%vocab = 2147483648 exceeds 2147483647 (the kernels index the vocabulary with 32-bit "
+       "ints)"},
       {[](Config& c) { c.model.vocab = 3000000, c.model.d_model = 1024; },
-       "model%vocab*d_model = 3000000*1024 = 3072000000 elements of the token embedding exceed 2147483647 (the "
+       "model%vocab*d_model = 3000000*1024 = 3072000000 elements of the token embedding exceed "
+       "2147483647 (the "
        "kernels and MPI index one tensor with 32-bit ints)"},
       {[](Config& c) { c.model.d_model = 32768; },
-       "max(3, model%ffn_mult)*d_model*d_model = 4*32768*32768 = 4294967296 elements of one weight matrix exceed "
+       "max(3, model%ffn_mult)*d_model*d_model = 4*32768*32768 = 4294967296 elements of one weight "
+       "matrix exceed "
        "2147483647 (the kernels and MPI index one tensor with 32-bit ints)"},
       {[](Config& c) { c.model.seq_len = 4194304; },
-       "train%micro_batch*model%seq_len*max(3, model%ffn_mult)*d_model = 16*4194304*4*128 = 34359738368 activation "
+       "train%micro_batch*model%seq_len*max(3, model%ffn_mult)*d_model = 16*4194304*4*128 = "
+       "34359738368 activation "
        "elements of one micro-batch exceed 2147483647 (the kernels index them with 32-bit ints)"},
       {[](Config& c) { c.model.seq_len = 9223372036854775807; },
        "train%micro_batch*model%seq_len overflows a 64-bit integer"},
       {[](Config& c) { c.train.global_batch = 4294967296, c.train.micro_batch = 1; },
-       "train%global_batch*model%seq_len = 4294967296*64 = 274877906944 tokens per step exceed 2147483647"},
+       "train%global_batch*model%seq_len = 4294967296*64 = 274877906944 tokens per step exceed "
+       "2147483647"},
       {[](Config& c) { c.data.val_samples = 9223372036854775807; },
        "data%val_samples*model%seq_len overflows a 64-bit integer"},
       {[](Config& c) { c.data.val_samples = 1 << 30; },
-       "data%val_samples*model%seq_len = 1073741824*64 = 68719476736 tokens per validation pass exceed 2147483647"},
-      {[](Config& c) { c.train.beta1 = 1.0; }, "train%beta1 = 1.0 is out of range: must be in [0.0, 1.0)"},
-      {[](Config& c) { c.train.beta2 = 1.0; }, "train%beta2 = 1.0 is out of range: must be in [0.0, 1.0)"},
-      {[](Config& c) { c.train.beta2 = -0.5; }, "train%beta2 = -0.5 is out of range: must be in [0.0, 1.0)"},
+       "data%val_samples*model%seq_len = 1073741824*64 = 68719476736 tokens per validation pass "
+       "exceed 2147483647"},
+      {[](Config& c) { c.train.beta1 = 1.0; },
+       "train%beta1 = 1.0 is out of range: must be in [0.0, 1.0)"},
+      {[](Config& c) { c.train.beta2 = 1.0; },
+       "train%beta2 = 1.0 is out of range: must be in [0.0, 1.0)"},
+      {[](Config& c) { c.train.beta2 = -0.5; },
+       "train%beta2 = -0.5 is out of range: must be in [0.0, 1.0)"},
   };
   for (const Case& k : cases) {
     Config c = deck::defaults();
@@ -639,7 +732,8 @@ TEST(DeckValidate, RangeHoles) {
             "deck.nml:2:10: train%beta1 = 1.0 is out of range: must be in [0.0, 1.0)");
   Config edge = deck::parse_text("&train beta1 = 0.0, beta2 = 0.9999999 /", "deck.nml");
   EXPECT_NO_THROW(deck::validate(edge, 1));
-  EXPECT_NE(deck::help_deck().find("| `beta1` | real | `0.9` | 0.0 to below 1.0 |"), std::string::npos);
+  EXPECT_NE(deck::help_deck().find("| `beta1` | real | `0.9` | 0.0 to below 1.0 |"),
+            std::string::npos);
 }
 
 TEST(DeckValidate, StringsAndControlCharacters) {
@@ -651,16 +745,24 @@ TEST(DeckValidate, StringsAndControlCharacters) {
     return true;
   };
   std::string nul = parse_error(std::string("&run name = 'a\0b' /", 19));
-  EXPECT_EQ(nul, "deck.nml:1:13: run%name = 'a\\x00b' contains the control character \\x00 (not allowed in a string)");
+  EXPECT_EQ(nul,
+            "deck.nml:1:13: run%name = 'a\\x00b' contains the control character \\x00 (not allowed "
+            "in a string)");
   std::string esc = parse_error("&run name = '\x1b[31mred' /");
-  EXPECT_EQ(esc, "deck.nml:1:13: run%name = '\\x1b[31mred' contains the control character \\x1b (not allowed in a "
-                 "string)");
-  EXPECT_EQ(parse_error("&run st\x01" "eps = 5 /"),
+  EXPECT_EQ(esc,
+            "deck.nml:1:13: run%name = '\\x1b[31mred' contains the control character \\x1b (not "
+            "allowed in a "
+            "string)");
+  EXPECT_EQ(parse_error("&run st\x01"
+                        "eps = 5 /"),
             "deck.nml:1:6: unknown key 'st\\x01eps' in &run (did you mean 'steps'?)");
-  EXPECT_EQ(parse_error("&ru\x07n steps = 5 /"), "deck.nml:1:1: unknown group '&ru\\x07n' (did you mean '&run'?)");
-  EXPECT_EQ(parse_error("&run steps = 5\x1b /"), "deck.nml:1:14: expected an integer for run%steps, got '5\\x1b'");
+  EXPECT_EQ(parse_error("&ru\x07n steps = 5 /"),
+            "deck.nml:1:1: unknown group '&ru\\x07n' (did you mean '&run'?)");
+  EXPECT_EQ(parse_error("&run steps = 5\x1b /"),
+            "deck.nml:1:14: expected an integer for run%steps, got '5\\x1b'");
   EXPECT_EQ(set_error({"run%name=a\nb"}),
-            "--set run%name=a\\x0ab: run%name = 'a\\x0ab' contains the control character \\x0a (not allowed in a "
+            "--set run%name=a\\x0ab: run%name = 'a\\x0ab' contains the control character \\x0a "
+            "(not allowed in a "
             "string)");
   for (const std::string& m : {nul, esc, set_error({"run%name=a\rb"}), parse_error("&run\x1b\n/")})
     EXPECT_TRUE(raw_free(m)) << m;
@@ -672,14 +774,18 @@ TEST(DeckValidate, StringsAndControlCharacters) {
   EXPECT_NO_THROW(deck::parse_text("&run name = '" + std::string(4096, 'x') + "' /", "deck.nml"));
   // A group's name inside a string is where gfortran would start reading that group.
   EXPECT_EQ(parse_error("&model init_from = 'a &run b' /"),
-            "deck.nml:1:20: model%init_from = 'a &run b' contains '&run', which gfortran would take for the start of "
+            "deck.nml:1:20: model%init_from = 'a &run b' contains '&run', which gfortran would "
+            "take for the start of "
             "a group");
-  EXPECT_NO_THROW(deck::parse_text("&model init_from = 'R&D/&running/$HOME/$data.bin/&run' /", "deck.nml"));
+  EXPECT_NO_THROW(
+      deck::parse_text("&model init_from = 'R&D/&running/$HOME/$data.bin/&run' /", "deck.nml"));
   EXPECT_EQ(parse_error("&run name = 'a!b' / &model n_layer = 2 /"),
-            "deck.nml:1:21: gfortran would not find this &model: a '!' in a string before it hides the rest of the "
+            "deck.nml:1:21: gfortran would not find this &model: a '!' in a string before it hides "
+            "the rest of the "
             "line; start the group on a new line");
   EXPECT_EQ(parse_error("&run name = 'a &model\nx' /\n&model n_layer = 2 /"),
-            "deck.nml:1:16: gfortran would start reading &model here (it takes '&model' inside a string or value for "
+            "deck.nml:1:16: gfortran would start reading &model here (it takes '&model' inside a "
+            "string or value for "
             "the group)");
 }
 
@@ -703,7 +809,8 @@ Config every_key_changed() {
       switch (s.type) {
         case deck::KeyType::Int: {
           std::int64_t x = std::get<std::int64_t>(d);
-          s.set(c, i, deck::Value(std::int64_t(s.hi.limited && x + 1 > s.hi.as_int ? x - 1 : x + 1)));
+          s.set(c, i,
+                deck::Value(std::int64_t(s.hi.limited && x + 1 > s.hi.as_int ? x - 1 : x + 1)));
           break;
         }
         case deck::KeyType::Real: {
@@ -761,7 +868,8 @@ TEST(DeckEcho, EveryKeyChangedRoundTrips) {
   for (const deck::KeySpec& s : deck::key_specs())
     EXPECT_NE(deck::value_text(c, s), deck::value_text(d, s)) << s.name();
   std::string text = deck::echo(c);
-  EXPECT_EQ(text.find("! default"), text.find("! default\"")) << "only the header mentions it:\n" << text;
+  EXPECT_EQ(text.find("! default"), text.find("! default\"")) << "only the header mentions it:\n"
+                                                              << text;
   Config back = deck::parse_text(text, "echo.nml");
   EXPECT_TRUE(deck::same_values(c, back)) << text;
   EXPECT_EQ(deck::echo(back), text);
@@ -790,9 +898,9 @@ TEST(DeckEcho, MarksOnlyDefaultKeysAndShowsResolvedValues) {
 }
 
 TEST(DeckEcho, RealsRoundTripBitForBit) {
-  for (double x : {std::nextafter(0.1, 1.0), 1.0 / 3.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
-                   1e22, 123456789012345680000.0, 3e-4, 0.0, 100.0, 1e-7, 9007199254740993.0,
-                   4503599627370497.5, 1e15 + 0.25}) {
+  for (double x : {std::nextafter(0.1, 1.0), 1.0 / 3.0, 5e-324, 2.2250738585072014e-308,
+                   1.7976931348623157e308, 1e22, 123456789012345680000.0, 3e-4, 0.0, 100.0, 1e-7,
+                   9007199254740993.0, 4503599627370497.5, 1e15 + 0.25}) {
     Config c = deck::defaults();
     c.train.lr = x;
     Config back = deck::parse_text(deck::echo(c), "r.nml");
@@ -827,9 +935,12 @@ TEST(DeckEcho, ExampleDecksRoundTrip) {
 
 TEST(DeckHelp, ListsEveryGroupAndKey) {
   std::string help = deck::help_deck();
-  for (const auto& g : deck::group_specs()) EXPECT_NE(help.find("## &" + g.name + "\n"), std::string::npos) << g.name;
-  for (const auto& s : deck::key_specs()) EXPECT_NE(help.find("| `" + s.key + "` |"), std::string::npos) << s.name();
-  EXPECT_NE(help.find("| `dtype` | string | `'fp32'` | `'fp32'`, `'fp64'`, `'bf16'` |"), std::string::npos);
+  for (const auto& g : deck::group_specs())
+    EXPECT_NE(help.find("## &" + g.name + "\n"), std::string::npos) << g.name;
+  for (const auto& s : deck::key_specs())
+    EXPECT_NE(help.find("| `" + s.key + "` |"), std::string::npos) << s.name();
+  EXPECT_NE(help.find("| `dtype` | string | `'fp32'` | `'fp32'`, `'fp64'`, `'bf16'` |"),
+            std::string::npos);
   EXPECT_NE(help.find("| `zero` | integer | `0` | 0 to 3 |"), std::string::npos);
   EXPECT_NE(help.find("| `order` | string(5) | `'t', 'c', 'e', 'd', 'p'` |"), std::string::npos);
 }
@@ -864,9 +975,11 @@ class DeckLoad : public testing::Test {
 };
 
 TEST_F(DeckLoad, EveryRankGetsTheSameConfig) {
-  std::string path = deck("good.nml",
-                          "&model n_layer = 8 /\n&train global_batch = 32, micro_batch = 2, lr = 1.5d-3 /\n");
-  Config c = deck::load(MPI_COMM_WORLD, path, {"run%name=loaded", "train%min_lr=0.1"}, world_size());
+  std::string path =
+      deck("good.nml",
+           "&model n_layer = 8 /\n&train global_batch = 32, micro_batch = 2, lr = 1.5d-3 /\n");
+  Config c =
+      deck::load(MPI_COMM_WORLD, path, {"run%name=loaded", "train%min_lr=0.1"}, world_size());
   EXPECT_EQ(c.parallel.dp, world_size());
   EXPECT_EQ(c.model.n_layer, 8);
   EXPECT_EQ(c.run.name, "loaded");
@@ -883,7 +996,8 @@ TEST_F(DeckLoad, EveryRankGetsTheSameConfig) {
 
 TEST_F(DeckLoad, ParseErrorOnEveryRank) {
   std::string path = deck("bad.nml", "&model\n  n_layr = 8\n/\n");
-  EXPECT_EQ(load_error(path), path + ":2:3: unknown key 'n_layr' in &model (did you mean 'n_layer'?)");
+  EXPECT_EQ(load_error(path),
+            path + ":2:3: unknown key 'n_layr' in &model (did you mean 'n_layer'?)");
 }
 
 TEST_F(DeckLoad, MissingFileOnEveryRank) {
@@ -893,8 +1007,9 @@ TEST_F(DeckLoad, MissingFileOnEveryRank) {
 
 TEST_F(DeckLoad, ValidationErrorOnEveryRank) {
   std::string path = deck("grid.nml", "&parallel dp = 3 /\n");
-  EXPECT_EQ(load_error(path), cat(path, ": parallel%dp*tp*pp*cp*ep = 3*1*1*1*1 = 3 does not match the world size ",
-                                  world_size()));
+  EXPECT_EQ(load_error(path),
+            cat(path, ": parallel%dp*tp*pp*cp*ep = 3*1*1*1*1 = 3 does not match the world size ",
+                world_size()));
 }
 
 TEST_F(DeckLoad, OverrideErrorOnEveryRank) {

@@ -36,7 +36,8 @@ std::string fortran_literal(const deck::Value& v) {
       return std::get<bool>(v) ? ".true." : ".false.";
     case deck::KeyType::Str: {
       std::string out = "'";
-      for (char c : std::get<std::string>(v)) out += c == '\'' ? std::string("''") : std::string(1, c);
+      for (char c : std::get<std::string>(v))
+        out += c == '\'' ? std::string("''") : std::string(1, c);
       return out + "'";
     }
   }
@@ -79,8 +80,8 @@ std::string fortran_program() {
     for (int k : g.keys) {
       const deck::KeySpec& s = specs[static_cast<std::size_t>(k)];
       for (int i = 0; i < s.size(); ++i)
-        f << "  " << s.key << (s.extent > 0 ? cat("(", i + 1, ")") : "") << " = " << fortran_literal(s.get(d, i))
-          << "\n";
+        f << "  " << s.key << (s.extent > 0 ? cat("(", i + 1, ")") : "") << " = "
+          << fortran_literal(s.get(d, i)) << "\n";
     }
     f << "  open(newunit=zz_u, file=zz_path, status='old', action='read')\n"
       << "  read(zz_u, nml=" << g.name << ", iostat=zz_ios, iomsg=zz_msg)\n"
@@ -188,7 +189,9 @@ class DeckFortran : public testing::Test {
     if (!mkdtemp(tmpl)) return;
     dir_ = tmpl;
     std::ofstream(dir_ + "/oracle.f90") << fortran_program();
-    std::string cmd = "cd " + dir_ + " && gfortran -ffree-line-length-none -o oracle oracle.f90 > compile.log 2>&1";
+    std::string cmd =
+        "cd " + dir_ +
+        " && gfortran -ffree-line-length-none -o oracle oracle.f90 > compile.log 2>&1";
     compiled_ = std::system(cmd.c_str()) == 0;
   }
   static void TearDownTestSuite() {
@@ -196,13 +199,14 @@ class DeckFortran : public testing::Test {
   }
   void SetUp() override {
     if (dir_.empty()) GTEST_SKIP() << "gfortran not found: the namelist oracle is skipped";
-    ASSERT_TRUE(compiled_) << "the generated Fortran oracle does not compile; see " << dir_ << "/compile.log";
+    ASSERT_TRUE(compiled_) << "the generated Fortran oracle does not compile; see " << dir_
+                           << "/compile.log";
   }
 
   // What gfortran made of one deck.
   struct Verdict {
-    std::string error;                        // "&group: message" when it refused the deck
-    std::vector<std::string> eof;             // groups where it met the end of the file
+    std::string error;                          // "&group: message" when it refused the deck
+    std::vector<std::string> eof;               // groups where it met the end of the file
     std::map<std::string, std::string> values;  // label -> value otherwise
   };
 
@@ -269,7 +273,8 @@ class DeckFortran : public testing::Test {
   // Runs the oracle on `deck`, which gfortran must read; returns label -> value.
   std::map<std::string, std::string> oracle(const std::string& deck) {
     Verdict v = run_oracle({write_deck("deck.nml", deck)})[0];
-    EXPECT_FALSE(refused(v, deck)) << "gfortran could not read the deck (" << v.error << "):\n" << deck;
+    EXPECT_FALSE(refused(v, deck)) << "gfortran could not read the deck (" << v.error << "):\n"
+                                   << deck;
     return v.values;
   }
 
@@ -277,13 +282,15 @@ class DeckFortran : public testing::Test {
     std::map<std::string, std::string> want = oracle(deck);
     std::map<std::string, std::string> got = our_values(deck::parse_text(deck, "deck.nml"));
     ASSERT_EQ(want.size(), got.size()) << deck;
-    for (const auto& [label, value] : want) EXPECT_EQ(got[label], value) << label << " in deck:\n" << deck;
+    for (const auto& [label, value] : want)
+      EXPECT_EQ(got[label], value) << label << " in deck:\n" << deck;
   }
 
   // gfortran refuses the deck, and so does the parser, naming file:line.
   void expect_both_reject(const std::string& deck) {
-    EXPECT_TRUE(refused(run_oracle({write_deck("deck.nml", deck)})[0], deck)) << "gfortran reads this deck:\n"
-                                                                             << deck;
+    EXPECT_TRUE(refused(run_oracle({write_deck("deck.nml", deck)})[0], deck))
+        << "gfortran reads this deck:\n"
+        << deck;
     try {
       deck::parse_text(deck, "deck.nml");
       ADD_FAILURE() << "ptrain reads this deck:\n" << deck;
@@ -313,7 +320,8 @@ class DeckGenerator {
     for (std::size_t g = 0; g < deck::group_specs().size(); ++g) groups.push_back(int(g));
     shuffle(groups);
     groups.resize(1 + below(4));
-    for (int g : groups) out += group(deck::group_specs()[std::size_t(g)]) + pick({"\n", "\n\n", "\n! between\n"});
+    for (int g : groups)
+      out += group(deck::group_specs()[std::size_t(g)]) + pick({"\n", "\n\n", "\n! between\n"});
     for (int m = below(3); m > 0; --m) mutate(out);
     if (out.empty() || out.back() != '\n') out += '\n';
     return out;
@@ -335,7 +343,8 @@ class DeckGenerator {
     std::string out = s;
     int how = below(4);
     for (char& c : out)
-      if (how == 1 || (how == 2 && percent(50))) c = char(std::toupper(static_cast<unsigned char>(c)));
+      if (how == 1 || (how == 2 && percent(50)))
+        c = char(std::toupper(static_cast<unsigned char>(c)));
     return out;
   }
 
@@ -352,8 +361,8 @@ class DeckGenerator {
   }
 
   std::string separator() {
-    return pick({", ", ",", " ", "\n  ", ",\n  ", "  ! a comment\n  ", "\n\n  ", "\n  ! a comment line\n  ", "; ",
-                 " ,\n  "});
+    return pick({", ", ",", " ", "\n  ", ",\n  ", "  ! a comment\n  ", "\n\n  ",
+                 "\n  ! a comment line\n  ", "; ", " ,\n  "});
   }
 
   std::string item(const deck::KeySpec& s) {
@@ -394,11 +403,15 @@ class DeckGenerator {
 
   std::string value(const deck::KeySpec& s, int element) {
     switch (s.type) {
-      case deck::KeyType::Int: return int_text(s);
-      case deck::KeyType::Real: return real_text(s);
-      case deck::KeyType::Bool: return pick({".true.", ".false.", "T", "F", "t", "f", ".t.", ".F.", "true", "False",
-                                             ".TRUE.", ".tomato", "1*T"});
-      case deck::KeyType::Str: return string_text(s, element);
+      case deck::KeyType::Int:
+        return int_text(s);
+      case deck::KeyType::Real:
+        return real_text(s);
+      case deck::KeyType::Bool:
+        return pick({".true.", ".false.", "T", "F", "t", "f", ".t.", ".F.", "true", "False",
+                     ".TRUE.", ".tomato", "1*T"});
+      case deck::KeyType::Str:
+        return string_text(s, element);
     }
     return "";
   }
@@ -409,10 +422,14 @@ class DeckGenerator {
     std::int64_t v = lo + std::int64_t(rng_() % std::uint64_t(hi - lo + 1));
     std::string text = std::to_string(v);
     switch (below(6)) {
-      case 0: return v >= 0 ? "+" + text : text;
-      case 1: return v >= 0 ? "00" + text : text;
-      case 2: return "1*" + text;
-      default: return text;
+      case 0:
+        return v >= 0 ? "+" + text : text;
+      case 1:
+        return v >= 0 ? "00" + text : text;
+      case 2:
+        return "1*" + text;
+      default:
+        return text;
     }
   }
 
@@ -426,15 +443,24 @@ class DeckGenerator {
       std::string exp = e < 0 ? cat("-", -e) : cat(percent(50) ? "+" : "", e);
       std::string text;
       switch (below(7)) {
-        case 0: text = mantissa; break;
-        case 1: text = mantissa + "e" + exp; break;
-        case 2: text = mantissa + pick({"d", "D", "E", "q"}) + exp; break;
-        default: text = mantissa + (exp[0] == '-' || exp[0] == '+' ? exp : "+" + exp); break;
+        case 0:
+          text = mantissa;
+          break;
+        case 1:
+          text = mantissa + "e" + exp;
+          break;
+        case 2:
+          text = mantissa + pick({"d", "D", "E", "q"}) + exp;
+          break;
+        default:
+          text = mantissa + (exp[0] == '-' || exp[0] == '+' ? exp : "+" + exp);
+          break;
       }
       std::string c_text = text;
       for (char& c : c_text)
         if (c == 'd' || c == 'D' || c == 'q') c = 'e';
-      if (std::isdigit(static_cast<unsigned char>(text.back())) && text.find_first_of("eEdDq") == std::string::npos &&
+      if (std::isdigit(static_cast<unsigned char>(text.back())) &&
+          text.find_first_of("eEdDq") == std::string::npos &&
           text.find_first_of("+-", 1) != std::string::npos)
         c_text.insert(text.find_first_of("+-", 1), "e");
       double v = std::strtod(c_text.c_str(), nullptr);
@@ -460,7 +486,8 @@ class DeckGenerator {
     for (std::size_t i = 0; i < body.size(); ++i) {
       if (body[i] == quote) out += quote;
       out += body[i];
-      if (percent(3)) out += free ? pick({"\n", "\r\n", "\n   "}) : pick({"\n", "\r\n"});  // continued
+      if (percent(3))
+        out += free ? pick({"\n", "\r\n", "\n   "}) : pick({"\n", "\r\n"});  // continued
     }
     return out + quote;
   }
@@ -470,7 +497,8 @@ class DeckGenerator {
     if (text.empty()) return;
     auto at = [&](const std::string& what) -> std::size_t {
       std::vector<std::size_t> hits;
-      for (std::size_t i = text.find(what); i != std::string::npos; i = text.find(what, i + 1)) hits.push_back(i);
+      for (std::size_t i = text.find(what); i != std::string::npos; i = text.find(what, i + 1))
+        hits.push_back(i);
       return hits.empty() ? std::string::npos : hits[std::size_t(below(int(hits.size())))];
     };
     std::size_t i;
@@ -479,17 +507,20 @@ class DeckGenerator {
         if ((i = at("= ")) != std::string::npos) text.insert(i + 1, " ! where the value was\n ");
         break;
       case 1:  // a blank before an index
-        if ((i = at("(")) != std::string::npos && i > 0 && std::isalpha(static_cast<unsigned char>(text[i - 1])))
+        if ((i = at("(")) != std::string::npos && i > 0 &&
+            std::isalpha(static_cast<unsigned char>(text[i - 1])))
           text.insert(i, " ");
         break;
       case 2:  // null values past the end
-        if ((i = at(" /")) != std::string::npos) text.insert(i, pick({",,,", ", 2*", ", 6*", ",,", ", 1*"}));
+        if ((i = at(" /")) != std::string::npos)
+          text.insert(i, pick({",,,", ", 2*", ", 6*", ",,", ", 1*"}));
         break;
       case 3:  // a quote lost: the string runs on
         if ((i = at("'")) != std::string::npos) text.erase(i, 1);
         break;
       case 4:  // an exponent changed
-        if ((i = text.find_first_of("eEdD", std::size_t(below(int(text.size()))))) != std::string::npos &&
+        if ((i = text.find_first_of("eEdD", std::size_t(below(int(text.size()))))) !=
+                std::string::npos &&
             i > 0 && std::isdigit(static_cast<unsigned char>(text[i - 1])))
           text.replace(i, 1, pick({"", "q", "x", "e+", "e-.", ".0e"}));
         break;
@@ -504,10 +535,12 @@ class DeckGenerator {
         if ((i = at(",")) != std::string::npos) text[i] = ';';
         break;
       case 8:  // a value gfortran takes but ptrain refuses
-        if ((i = at("= ")) != std::string::npos) text.insert(i + 2, pick({"inf, ", "NaN ", "1e999, ", "123 ", "'a\x01'"}));
+        if ((i = at("= ")) != std::string::npos)
+          text.insert(i + 2, pick({"inf, ", "NaN ", "1e999, ", "123 ", "'a\x01'"}));
         break;
       case 9:  // a key given twice, or misspelled
-        if ((i = at("\n")) != std::string::npos) text.insert(i, pick({", seed = 7", " stepz = 1", ", name = 'x'"}));
+        if ((i = at("\n")) != std::string::npos)
+          text.insert(i, pick({", seed = 7", " stepz = 1", ", name = 'x'"}));
         break;
       case 10:  // an unknown group, or '&' where a name should be
         text.insert(0, pick({"&modle n_layer = 2 /\n", "&run /\n", "& run /\n", "$end\n"}));
@@ -516,10 +549,12 @@ class DeckGenerator {
         if ((i = at(" = ")) != std::string::npos) text.insert(i, "! a comment\n");
         break;
       case 12:  // garbage for a value
-        if ((i = at("= ")) != std::string::npos) text.insert(i + 2, pick({"abc ", "1.2.3 ", "--5 ", ".e3 ", "2*3*4 "}));
+        if ((i = at("= ")) != std::string::npos)
+          text.insert(i + 2, pick({"abc ", "1.2.3 ", "--5 ", ".e3 ", "2*3*4 "}));
         break;
       case 13:  // CR LF line ends
-        for (i = text.find('\n'); i != std::string::npos; i = text.find('\n', i + 2)) text.insert(i, "\r");
+        for (i = text.find('\n'); i != std::string::npos; i = text.find('\n', i + 2))
+          text.insert(i, "\r");
         break;
       case 14:  // tabs for blanks
         for (char& c : text)
@@ -539,12 +574,12 @@ class DeckGenerator {
 
 // Messages of the places where ptrain is stricter than gfortran on purpose.
 bool deliberately_stricter(const std::string& message) {
-  for (const char* why : {"unknown group", "expected a group name after", "outside a group", "duplicate group",
-                          "duplicate key", "is out of range", "is not one of",
-                          "(beyond the range of a double)", "(infinities and NaNs are not allowed)",
-                          "expected a quoted string", "control character", "characters long",
-                          "a blank separates two numbers", "gfortran would", "gfortran misreads",
-                          "takes no"})
+  for (const char* why :
+       {"unknown group", "expected a group name after", "outside a group", "duplicate group",
+        "duplicate key", "is out of range", "is not one of", "(beyond the range of a double)",
+        "(infinities and NaNs are not allowed)", "expected a quoted string", "control character",
+        "characters long", "a blank separates two numbers", "gfortran would", "gfortran misreads",
+        "takes no"})
     if (message.find(why) != std::string::npos) return true;
   return false;
 }
@@ -574,14 +609,17 @@ TEST_F(DeckFortran, GeneratedDecksReadTheSameBothWays) {
       ours = e.what();
     }
     if (refused(verdicts[i], deck)) {
-      EXPECT_FALSE(ours.empty()) << "gfortran refuses (" << verdicts[i].error << "), ptrain reads deck " << i << ":\n"
+      EXPECT_FALSE(ours.empty()) << "gfortran refuses (" << verdicts[i].error
+                                 << "), ptrain reads deck " << i << ":\n"
                                  << deck;
-      bool located = ours.rfind("deck.nml:", 0) == 0 && std::isdigit(static_cast<unsigned char>(ours[9]));
+      bool located =
+          ours.rfind("deck.nml:", 0) == 0 && std::isdigit(static_cast<unsigned char>(ours[9]));
       EXPECT_TRUE(ours.empty() || located) << ours;
       ++both_refuse;
     } else if (!ours.empty()) {
-      EXPECT_TRUE(deliberately_stricter(ours)) << "gfortran reads, ptrain refuses deck " << i << ": " << ours << "\n"
-                                               << deck;
+      EXPECT_TRUE(deliberately_stricter(ours))
+          << "gfortran reads, ptrain refuses deck " << i << ": " << ours << "\n"
+          << deck;
       ++stricter;
     } else {
       for (const auto& [label, value] : verdicts[i].values)
@@ -589,8 +627,10 @@ TEST_F(DeckFortran, GeneratedDecksReadTheSameBothWays) {
       ++same;
     }
   }
-  std::printf("%d decks: %d read to the same values, %d refused by both, %d refused by ptrain only (on purpose)\n",
-              kDecks, same, both_refuse, stricter);
+  std::printf(
+      "%d decks: %d read to the same values, %d refused by both, %d refused by ptrain only (on "
+      "purpose)\n",
+      kDecks, same, both_refuse, stricter);
   // The generator must exercise both directions.
   EXPECT_GE(same, kDecks / 4);
   EXPECT_GE(both_refuse, kDecks / 10);
@@ -601,7 +641,8 @@ TEST_F(DeckFortran, DefaultsAgree) { expect_same("! no groups at all\n"); }
 TEST_F(DeckFortran, F90nmlOutput) {
   expect_same(
       "&run\n    name = 'f90nml'\n    seed = 42\n    trace = .true.\n/\n\n"
-      "&model\n    n_layer = 4\n    d_model = 256\n    dtype = 'fp32'\n    capacity_factor = 1.5\n/\n\n"
+      "&model\n    n_layer = 4\n    d_model = 256\n    dtype = 'fp32'\n    capacity_factor = "
+      "1.5\n/\n\n"
       "&parallel\n    order = 'd', 't', 'c', 'e', 'p'\n    bucket_mb = 0.001\n/\n\n"
       "&train\n    lr = 0.0003\n    eps = 1e-08\n    beta2 = 0.999\n/\n");
 }
@@ -612,8 +653,10 @@ TEST_F(DeckFortran, UppercaseAndFortranReals) {
       "&TRAIN LR = 1.0D-3, MIN_LR = 1.D0, BETA1=.5, WEIGHT_DECAY = 2\n"
       "  BETA2 = +9.5E-1, EPS = 3e-4, CLIP = 2., OPTIMIZER = \"sgd\" /\n"
       "&Backend Peak_Gflops = 1.5e+3 , blas_threads=+3 /\n");
-  expect_same("&model capacity_factor = -0. /\n&data val_fraction = 1e-1 /\n&backend peak_gflops = 7 /\n");
-  expect_same("&train lr = 0.1000000000000000055511151231257827, eps = 2.2250738585072014d-308 /\n");
+  expect_same(
+      "&model capacity_factor = -0. /\n&data val_fraction = 1e-1 /\n&backend peak_gflops = 7 /\n");
+  expect_same(
+      "&train lr = 0.1000000000000000055511151231257827, eps = 2.2250738585072014d-308 /\n");
 }
 
 TEST_F(DeckFortran, EndTerminatorCommentsAndTextOutsideGroups) {
@@ -635,8 +678,8 @@ TEST_F(DeckFortran, Logicals) {
                             {".TRUE.", "f", "t", ".FALSE."},
                             {".tomato", ".fig", "Tuesday", "F"}};
   for (auto& f : forms)
-    expect_same(cat("&run trace = ", f[0], " /\n&parallel sequence_parallel = ", f[1], ", strict_topology = ", f[2],
-                    " /\n&checkpoint save_final = ", f[3], " /\n"));
+    expect_same(cat("&run trace = ", f[0], " /\n&parallel sequence_parallel = ", f[1],
+                    ", strict_topology = ", f[2], " /\n&checkpoint save_final = ", f[3], " /\n"));
 }
 
 TEST_F(DeckFortran, Strings) {
@@ -673,19 +716,23 @@ TEST_F(DeckFortran, NullsSeparatorsAndGroupOrder) {
 
 TEST_F(DeckFortran, StringsContinuedOverLines) {
   expect_same("&run name = 'abc\ndef' /\n");
-  expect_same("&run name = 'ab\r\n  cd', out_dir = \"x\n!y\" /\n&model init_from = 'it''\n''s' /\n");
+  expect_same(
+      "&run name = 'ab\r\n  cd', out_dir = \"x\n!y\" /\n&model init_from = 'it''\n''s' /\n");
   expect_same("&parallel order = 'p', 'd\n', 'e' /\n");
 }
 
 TEST_F(DeckFortran, RealsWithoutExponentLetter) {
   expect_same("&train lr = 1.5-3, min_lr = 1.5+3 /\n");
-  expect_same("&train eps = 15-3, clip = .5+1, weight_decay = 2q-1, beta1 = 1*5.-1, beta2 = 9.5D-1 /\n");
+  expect_same(
+      "&train eps = 15-3, clip = .5+1, weight_decay = 2q-1, beta1 = 1*5.-1, beta2 = 9.5D-1 /\n");
   expect_same("&train lr = 1.5-400, eps = 4.9-324 /\n");
 }
 
 TEST_F(DeckFortran, DollarGroups) {
   expect_same("$run steps = 5 $end\n");
-  expect_same("$RUN steps = 5 /\n$model n_layer = 2 &end\n&train lr = 1e-3 $END\n&data val_samples = 3 &endgroup\n");
+  expect_same(
+      "$RUN steps = 5 /\n$model n_layer = 2 &end\n&train lr = 1e-3 $END\n&data val_samples = 3 "
+      "&endgroup\n");
 }
 
 TEST_F(DeckFortran, ArraySections) {
@@ -756,7 +803,9 @@ TEST_F(DeckFortran, ExampleDecks) {
 
 TEST_F(DeckFortran, OracleSeesTheDeck) {
   // The oracle itself reads values (so agreement above is not two defaults agreeing).
-  auto out = oracle("&model n_layer = 7 /\n&train lr = 1.0d-3 /\n&parallel order(3) = 'p' /\n&run name='it''s' /\n");
+  auto out = oracle(
+      "&model n_layer = 7 /\n&train lr = 1.0d-3 /\n&parallel order(3) = 'p' /\n&run name='it''s' "
+      "/\n");
   EXPECT_EQ(out["model%n_layer"], "7");
   double lr = 1.0e-3;
   std::int64_t bits;

@@ -4,8 +4,6 @@
 // Cartesian communicator, what every group communicator actually gathers, and processor names
 // for the node map.
 #include <gtest/gtest.h>
-
-#include "test_support.hpp"
 #include <mpi.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 
 #include "deck/config.hpp"
 #include "grid/grid.hpp"
+#include "test_support.hpp"
 #include "util/error.hpp"
 
 using namespace ptrain;
@@ -30,7 +29,6 @@ constexpr GroupKind kAllGroups[kNumGroupKinds] = {
     GroupKind::dense_grad, GroupKind::expert_grad, GroupKind::batch, GroupKind::embed};
 
 int ix(Axis a) { return static_cast<int>(a); }
-
 
 // Every 5-tuple of sizes >= 1 whose product is `world`.
 std::vector<Coords> shapes_of(int world) {
@@ -62,7 +60,8 @@ std::vector<std::array<Axis, kNumAxes>> all_orders() {
 
 std::array<Axis, kNumAxes> order_of(const std::string& letters) {  // "dtpce"
   std::array<Axis, kNumAxes> o{};
-  for (int i = 0; i < kNumAxes; ++i) o[i] = parse_axis(std::string(1, letters[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < kNumAxes; ++i)
+    o[i] = parse_axis(std::string(1, letters[static_cast<std::size_t>(i)]));
   return o;
 }
 
@@ -91,15 +90,24 @@ std::vector<Coords> odometer(const GridShape& s) {
 // Which axes a group's members may differ in (independent of the module's table).
 std::set<Axis> free_axes(GroupKind g) {
   switch (g) {
-    case GroupKind::tp: return {Axis::t};
-    case GroupKind::cp: return {Axis::c};
-    case GroupKind::ep: return {Axis::e};
-    case GroupKind::dp: return {Axis::d};
-    case GroupKind::pp: return {Axis::p};
-    case GroupKind::dense_grad: return {Axis::d, Axis::e, Axis::c};
-    case GroupKind::expert_grad: return {Axis::d, Axis::c};
-    case GroupKind::batch: return {Axis::d, Axis::e};
-    case GroupKind::embed: return {Axis::p};
+    case GroupKind::tp:
+      return {Axis::t};
+    case GroupKind::cp:
+      return {Axis::c};
+    case GroupKind::ep:
+      return {Axis::e};
+    case GroupKind::dp:
+      return {Axis::d};
+    case GroupKind::pp:
+      return {Axis::p};
+    case GroupKind::dense_grad:
+      return {Axis::d, Axis::e, Axis::c};
+    case GroupKind::expert_grad:
+      return {Axis::d, Axis::c};
+    case GroupKind::batch:
+      return {Axis::d, Axis::e};
+    case GroupKind::embed:
+      return {Axis::p};
   }
   return {};
 }
@@ -109,15 +117,18 @@ bool on_end_stage(const GridShape& s, const Coords& c) {
 }
 
 // Brute force: every rank whose coordinates equal r's outside the group's axes.
-std::vector<int> brute_members(const GridShape& s, const std::vector<Coords>& coords, GroupKind g, int r) {
+std::vector<int> brute_members(const GridShape& s, const std::vector<Coords>& coords, GroupKind g,
+                               int r) {
   const std::set<Axis> axes = free_axes(g);
   if (g == GroupKind::embed && !on_end_stage(s, coords[static_cast<std::size_t>(r)])) return {};
   std::vector<int> out;
   for (std::size_t q = 0; q < coords.size(); ++q) {
     bool same = true;
     for (Axis a : kAllAxes)
-      if (!axes.count(a) && coords[q][ix(a)] != coords[static_cast<std::size_t>(r)][ix(a)]) same = false;
-    if (same && (g != GroupKind::embed || on_end_stage(s, coords[q]))) out.push_back(static_cast<int>(q));
+      if (!axes.count(a) && coords[q][ix(a)] != coords[static_cast<std::size_t>(r)][ix(a)])
+        same = false;
+    if (same && (g != GroupKind::embed || on_end_stage(s, coords[q])))
+      out.push_back(static_cast<int>(q));
   }
   return out;
 }
@@ -176,10 +187,12 @@ void check_grid(const GridShape& s) {
   EXPECT_EQ(grid.coords(), oracle[static_cast<std::size_t>(me)]);
 
   std::vector<int> all(static_cast<std::size_t>(n) * kNumAxes);
-  MPI_Allgather(grid.coords().data(), kNumAxes, MPI_INT, all.data(), kNumAxes, MPI_INT, MPI_COMM_WORLD);
+  MPI_Allgather(grid.coords().data(), kNumAxes, MPI_INT, all.data(), kNumAxes, MPI_INT,
+                MPI_COMM_WORLD);
   for (int r = 0; r < n; ++r) {
     const Coords c = grid.layout().coords(r);
-    for (int i = 0; i < kNumAxes; ++i) EXPECT_EQ(all[static_cast<std::size_t>(r * kNumAxes + i)], c[i]);
+    for (int i = 0; i < kNumAxes; ++i)
+      EXPECT_EQ(all[static_cast<std::size_t>(r * kNumAxes + i)], c[i]);
     EXPECT_EQ(c, oracle[static_cast<std::size_t>(r)]);
     EXPECT_EQ(grid.layout().rank(c), r);
   }
@@ -284,10 +297,14 @@ TEST(Layout, NodeMappingAtScale) {
     GroupKind g;
     int size, count, nodes;
   };
-  const Want want[] = {{GroupKind::tp, 4, 128, 1},          {GroupKind::cp, 1, 512, 1},
-                       {GroupKind::ep, 1, 512, 1},          {GroupKind::dp, 16, 32, 16},
-                       {GroupKind::pp, 8, 64, 8},           {GroupKind::dense_grad, 16, 32, 16},
-                       {GroupKind::expert_grad, 16, 32, 16}, {GroupKind::batch, 16, 32, 16},
+  const Want want[] = {{GroupKind::tp, 4, 128, 1},
+                       {GroupKind::cp, 1, 512, 1},
+                       {GroupKind::ep, 1, 512, 1},
+                       {GroupKind::dp, 16, 32, 16},
+                       {GroupKind::pp, 8, 64, 8},
+                       {GroupKind::dense_grad, 16, 32, 16},
+                       {GroupKind::expert_grad, 16, 32, 16},
+                       {GroupKind::batch, 16, 32, 16},
                        {GroupKind::embed, 2, 64, 2}};
   const std::vector<GroupReport> reps = layout.reports();
   ASSERT_EQ(reps.size(), std::size(want));
@@ -306,7 +323,8 @@ TEST(Layout, NodeMappingAtScale) {
   const Layout wide(s, 512, 4);
   EXPECT_EQ(wide.reports()[ix(Axis::t)].nodes_spanned, 2);
   EXPECT_NO_THROW(wide.check_topology(false));
-  expect_error([&] { wide.check_topology(true); }, kExitInput, "lower parallel%tp to at most 4 (the ranks per node)");
+  expect_error([&] { wide.check_topology(true); }, kExitInput,
+               "lower parallel%tp to at most 4 (the ranks per node)");
 
   // t4 but t not fastest: each tp group strides across 4 nodes; the fix is the order.
   s = make_shape({4, 1, 1, 16, 8}, order_of("dtpce"));
@@ -383,7 +401,8 @@ TEST(Layout, FromConfig) {
 TEST(Layout, DescribeTable) {
   const Layout small(make_shape({2, 1, 1, 2, 2}, order_of("tcedp")), 8, 4);
   const std::string text = small.describe();
-  EXPECT_NE(text.find("grid: 8 ranks = t2 c1 e1 d2 p2, order t,c,e,d,p"), std::string::npos) << text;
+  EXPECT_NE(text.find("grid: 8 ranks = t2 c1 e1 d2 p2, order t,c,e,d,p"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("dense-grad"), std::string::npos) << text;
   EXPECT_NE(text.find("rank map"), std::string::npos) << text;
   // rank 7 = t1 d1 p1 on node 1.
@@ -391,11 +410,13 @@ TEST(Layout, DescribeTable) {
   const Layout big(make_shape({8, 1, 1, 8, 8}, order_of("tcedp")), 512, 4);
   const std::string big_text = big.describe();
   EXPECT_EQ(big_text.find("rank map"), std::string::npos);
-  EXPECT_NE(big_text.find("tp           t                    8      64      2  no"), std::string::npos)
+  EXPECT_NE(big_text.find("tp           t                    8      64      2  no"),
+            std::string::npos)
       << big_text;
 }
 
-// ---- MPI grid ------------------------------------------------------------------------------------
+// ---- MPI grid
+// ------------------------------------------------------------------------------------
 
 TEST(Grid, NamedShapesAndOrders) {
   const int n = world_size();
@@ -405,21 +426,26 @@ TEST(Grid, NamedShapesAndOrders) {
   else
     named = {{n, 1, 1, 1, 1}, {1, 1, 1, n, 1}, {1, 1, 1, 1, n}};
   for (const Coords& size : named)
-    for (const char* order : {"tcedp", "dtpce", "pdtec"}) check_grid(make_shape(size, order_of(order)));
+    for (const char* order : {"tcedp", "dtpce", "pdtec"})
+      check_grid(make_shape(size, order_of(order)));
 }
 
 TEST(Grid, EveryShapeWithThreeOrders) {
   for (const Coords& size : shapes_of(world_size()))
-    for (const char* order : {"tcedp", "dtpce", "pdtec"}) check_grid(make_shape(size, order_of(order)));
+    for (const char* order : {"tcedp", "dtpce", "pdtec"})
+      check_grid(make_shape(size, order_of(order)));
 }
 
 TEST(Grid, EveryOrderOfOneShape) {
   const int n = world_size();
   // Spread the world over as many axes as it allows: 8 -> t2 c2 e2 (+ p1 d1), 4 -> t2 p2.
   Coords size = {1, 1, 1, 1, 1};
-  if (n == 8) size = {2, 2, 1, 1, 2};
-  else if (n == 4) size = {2, 1, 1, 1, 2};
-  else size = {1, 1, 1, 1, n};
+  if (n == 8)
+    size = {2, 2, 1, 1, 2};
+  else if (n == 4)
+    size = {2, 1, 1, 1, 2};
+  else
+    size = {1, 1, 1, 1, n};
   for (const auto& order : all_orders()) check_grid(make_shape(size, order));
 }
 
@@ -430,8 +456,8 @@ TEST(Grid, NodeMapMatchesProcessorNames) {
   int len = 0;
   MPI_Get_processor_name(name, &len);
   std::vector<char> names(static_cast<std::size_t>(n) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-                MPI_COMM_WORLD);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, MPI_COMM_WORLD);
   std::vector<std::string> seen;
   for (int r = 0; r < n; ++r) {
     const std::string host(&names[static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
@@ -462,7 +488,8 @@ TEST(Grid, SimulatedNodesWarnOrFailTogether) {
     EXPECT_EQ(node_size, 2);
     EXPECT_EQ(grid.layout().reports()[static_cast<int>(GroupKind::tp)].nodes_spanned, 2);
   }
-  expect_error([&] { Grid(MPI_COMM_WORLD, s, true, 2); }, kExitInput, "tp groups of 4 ranks span 2 nodes");
+  expect_error([&] { Grid(MPI_COMM_WORLD, s, true, 2); }, kExitInput,
+               "tp groups of 4 ranks span 2 nodes");
   // Every rank threw: the world still works.
   int one = 1, sum = 0;
   MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -471,8 +498,11 @@ TEST(Grid, SimulatedNodesWarnOrFailTogether) {
 
 TEST(Grid, WrongWorldSizeIsAnInputError) {
   const int n = world_size();
-  expect_error([&] { Grid(MPI_COMM_WORLD, make_shape({2, 1, 1, n, 1}, order_of("tcedp")), false); },
-               kExitInput, cat("needs ", 2 * n, " ranks but the world has ", n));
+  expect_error(
+      [&] {
+        Grid(MPI_COMM_WORLD, make_shape({2, 1, 1, n, 1}, order_of("tcedp")), false);
+      },
+      kExitInput, cat("needs ", 2 * n, " ranks but the world has ", n));
 }
 
 TEST(Grid, CommunicatorsAreFreed) {

@@ -17,15 +17,14 @@
 #include "kernels/detail_math.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/kernels.hpp"
-#include "util/error.hpp"
 #include "test_support.hpp"
+#include "util/error.hpp"
 
 using namespace ptrain;
 using namespace ptrain::kernels;
 using namespace ptrain::test;
 
 namespace {
-
 
 constexpr double kFdTol = 1e-6;
 
@@ -99,15 +98,17 @@ void check_bf16_gemm(bool ta, bool tb, int M, int N, int K) {
     for (int j = 0; j < N; ++j) {
       double s = 0, mag = 0;
       for (int k = 0; k < K; ++k) {
-        const double a = ta ? A[a_off + std::size_t(k) * lda + i] : A[a_off + std::size_t(i) * lda + k];
-        const double b = tb ? B[b_off + std::size_t(j) * ldb + k] : B[b_off + std::size_t(k) * ldb + j];
+        const double a =
+            ta ? A[a_off + std::size_t(k) * lda + i] : A[a_off + std::size_t(i) * lda + k];
+        const double b =
+            tb ? B[b_off + std::size_t(j) * ldb + k] : B[b_off + std::size_t(k) * ldb + j];
         s += a * b;
         mag += std::fabs(a * b);
       }
       const std::size_t at = c_off + std::size_t(i) * ldc + std::size_t(j);
       const double expect = alpha * s + beta * C0[at];
-      const double bound = (K + 2) * u * (alpha * mag + beta * std::fabs(C0[at])) +
-                           rounding * std::fabs(expect);
+      const double bound =
+          (K + 2) * u * (alpha * mag + beta * std::fabs(C0[at])) + rounding * std::fabs(expect);
       ASSERT_LE(std::fabs(got[at] - expect), bound * (1 + 1e-12))
           << "(" << i << ", " << j << ") trans_a " << ta << " trans_b " << tb;
     }
@@ -521,11 +522,12 @@ TEST(KernelsCrossEntropy, ShardOfOnlyPaddingContributesNothing) {
   Kokkos::View<double*> mx("mx", N), se("se", N), tl("tl", N);
   crossentropy_row_max<double>(mx, lg, N, pad_only);
   EXPECT_EQ(host(mx)[0], -std::numeric_limits<double>::infinity());
-  crossentropy_row_sumexp<double>(se, tl, lg, dev<double>({1.0, 2.0}), dev_ints({3, 7}), N, pad_only);
+  crossentropy_row_sumexp<double>(se, tl, lg, dev<double>({1.0, 2.0}), dev_ints({3, 7}), N,
+                                  pad_only);
   EXPECT_EQ(host(se), HVec(N, 0.0));
   EXPECT_EQ(host(tl), HVec(N, 0.0));
-  crossentropy_backward<double>(lg, dev<double>({1.0, 2.0}), dev<double>({3.0, 4.0}), dev_ints({3, 7}), N,
-                        pad_only, 1.0);
+  crossentropy_backward<double>(lg, dev<double>({1.0, 2.0}), dev<double>({3.0, 4.0}),
+                                dev_ints({3, 7}), N, pad_only, 1.0);
   EXPECT_EQ(host(lg), HVec(N * 4, 0.0));
 }
 
@@ -786,12 +788,14 @@ double tiny_gpt(const HVec& params, HVec* grads) {
   matmul_backward<T, Gr>(dgl, g(Tiny::wp), g(Tiny::bp), dx2, gl, p(Tiny::wp), N, 4 * C, C);
   gelu_backward<T>(dh, h, dgl, N * 4 * C);
   matmul_backward<T, Gr>(dln2, g(Tiny::wfc), g(Tiny::bfc), dh, ln2, p(Tiny::wfc), N, C, 4 * C);
-  layernorm_backward<T, Gr>(dx1, g(Tiny::ln2w), g(Tiny::ln2b), dln2, x1, p(Tiny::ln2w), m2, r2, N, C);
+  layernorm_backward<T, Gr>(dx1, g(Tiny::ln2w), g(Tiny::ln2b), dln2, x1, p(Tiny::ln2w), m2, r2, N,
+                            C);
   axpy<T>(dx0, A(1), dx1);  // x1 = x0 + proj
   matmul_backward<T, Gr>(datt, g(Tiny::wo), g(Tiny::bo), dx1, att, p(Tiny::wo), N, C, C);
   attention_backward<T>(dqkv, datt, att, lse, qkv, B, Tn, NH, HS, attn);
   matmul_backward<T, Gr>(dln1, g(Tiny::wqkv), g(Tiny::bqkv), dqkv, ln1, p(Tiny::wqkv), N, C, 3 * C);
-  layernorm_backward<T, Gr>(dx0, g(Tiny::ln1w), g(Tiny::ln1b), dln1, x0, p(Tiny::ln1w), m1, r1, N, C);
+  layernorm_backward<T, Gr>(dx0, g(Tiny::ln1w), g(Tiny::ln1b), dln1, x0, p(Tiny::ln1w), m1, r1, N,
+                            C);
   encoder_backward<T, Gr>(g(Tiny::wte), g(Tiny::wpe), dx0, tok, no_pos, B, Tn, C, 0, Vp);
   *grads = host(G);
   return mean_loss;
@@ -833,9 +837,10 @@ TEST(KernelsComposition, TinyGptBf16TracksFp64) {
   const double lf = tiny_gpt<bf16, float>(params, &gf);
   const double lb = tiny_gpt<bf16, bf16>(params, &gb);
   const double u = 0x1p-8;
-  std::printf("tiny GPT loss fp64 %.6f, bf16 %.6f (rel %.2g); grads rel err: fp32 grads %.3g, "
-              "bf16 grads %.3g (u = %.3g)\n",
-              ld, lf, std::fabs(lf - ld) / ld, rel_err(gf, gd), rel_err(gb, gd), u);
+  std::printf(
+      "tiny GPT loss fp64 %.6f, bf16 %.6f (rel %.2g); grads rel err: fp32 grads %.3g, "
+      "bf16 grads %.3g (u = %.3g)\n",
+      ld, lf, std::fabs(lf - ld) / ld, rel_err(gf, gd), rel_err(gb, gd), u);
   EXPECT_NEAR(lf, ld, 10 * u * ld);
   EXPECT_EQ(lf, lb);  // the forward does not depend on the gradient type
   EXPECT_LT(rel_err(gf, gd), 30 * u);

@@ -14,17 +14,16 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
+#include "test_support.hpp"
 #include "util/bf16.hpp"
 #include "util/error.hpp"
 #include "util/precision.hpp"
-#include "test_support.hpp"
 
 using namespace ptrain;
 using namespace ptrain::kernels;
 using namespace ptrain::test;
 
 namespace {
-
 
 // Naive attention: element (b, t, c) of q at q[(b*Tq + t)*qld + qoff + c], likewise k, v.
 // Materialises every score row; masks key j for query i when causal and

@@ -149,7 +149,8 @@ TEST(Model, MicroBatchesAccumulateToTheFullBatchGradient) {
 // Three micro-batches in flight (forward, forward, forward, then the three backwards), as a
 // pipeline schedule runs them, against three forward/backward pairs.
 TEST(Stage, MicroBatchesInFlightMatchSequentialPairs) {
-  const Config c = tiny_config({"model%dtype='fp64'", "train%global_batch=6", "train%micro_batch=2"});
+  const Config c =
+      tiny_config({"model%dtype='fp64'", "train%global_batch=6", "train%micro_batch=2"});
   const Batch b = batch_of(c, 6);
   const double dloss = 1.0 / (6 * 5);
   auto pairs = whole_model<double>(c, 2), inflight = whole_model<double>(c, 2, 3);
@@ -164,7 +165,8 @@ TEST(Stage, MicroBatchesInFlightMatchSequentialPairs) {
   for (bool reverse : {false, true}) {
     inflight.zero_grads();
     double li = 0;
-    for (int k = 0; k < 3; ++k) li += inflight.forward(k, {b.x.data() + k * 10, b.y.data() + k * 10, 2});
+    for (int k = 0; k < 3; ++k)
+      li += inflight.forward(k, {b.x.data() + k * 10, b.y.data() + k * 10, 2});
     for (int j = 0; j < 3; ++j) inflight.backward(reverse ? 2 - j : j, dloss);
     EXPECT_EQ(li, lp);
     const auto a = test::host(pairs.grads()), g = test::host(inflight.grads());

@@ -90,8 +90,8 @@ TEST_P(Ring, EqualsWholeSequenceAttention) {
   auto dqkv = Kokkos::View<double*>("dqkv_l", std::size_t(B) * L * 3 * Cl);
   const auto qkv_l = test::dev<double>(local_rows(qkv, B, S, 3 * Cl, pos));
   model::ring_attention_forward<double>(cp, B, NH, HS, qkv_l, out, lse);
-  model::ring_attention_backward<double>(
-      cp, B, NH, HS, qkv_l, out, lse, test::dev<double>(local_rows(dout, B, S, Cl, pos)), dqkv);
+  model::ring_attention_backward<double>(cp, B, NH, HS, qkv_l, out, lse,
+                                         test::dev<double>(local_rows(dout, B, S, Cl, pos)), dqkv);
 
   EXPECT_LT(max_abs_diff(test::host(out), local_rows(test::host(out_w), B, S, Cl, pos)), 1e-13);
   // lse (B, NH, S): rows of one value
@@ -137,9 +137,8 @@ TEST_P(Ring, ZigzagBalancesTheCausalWork) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, Ring, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& p) {
-                           return p.param ? "zigzag" : "contiguous";
-                         });
+INSTANTIATE_TEST_SUITE_P(Layouts, Ring, testing::Bool(), [](const testing::TestParamInfo<bool>& p) {
+  return p.param ? "zigzag" : "contiguous";
+});
 
 }  // namespace

@@ -61,7 +61,8 @@ Result run(const Args& a, const HVec& R, int bt, int e, int k, double capacity, 
   m.router = dev<double>(a.at("router")), m.drouter = zeros(e * C);
   m.fc_w = dev<double>(a.at("fc.w")), m.fc_b = dev<double>(a.at("fc.b"));
   m.proj_w = dev<double>(a.at("proj.w")), m.proj_b = dev<double>(a.at("proj.b"));
-  m.dfc_w = zeros(e * F * C), m.dfc_b = zeros(e * F), m.dproj_w = zeros(e * C * F), m.dproj_b = zeros(e * C);
+  m.dfc_w = zeros(e * F * C), m.dfc_b = zeros(e * F), m.dproj_w = zeros(e * C * F),
+  m.dproj_b = zeros(e * C);
   m.C = C, m.Fl = F, m.E = e, m.El = e, m.k = k, m.capacity_factor = capacity, m.aux_coef = 0.5;
   m.aux_scale = aux_scale;
   const ActShape s = moe_shape(bt, e, k);
@@ -70,7 +71,8 @@ Result run(const Args& a, const HVec& R, int bt, int e, int k, double capacity, 
   Result r;
   V x = dev<double>(a.at("x")), y = nans(bt * C);
   m.forward(c, x, acts, r.routing, nans(bt * C), y);
-  const V dx = m.backward(c, x, acts, r.routing, dev<double>(R), g, nans(bt * C), nans(bt * C), nans(bt * C));
+  const V dx = m.backward(c, x, acts, r.routing, dev<double>(R), g, nans(bt * C), nans(bt * C),
+                          nans(bt * C));
   r.y = host(y), r.aux = r.routing.aux;
   r.grad = {{"x", host(dx)},         {"router", host(m.drouter)}, {"fc.w", host(m.dfc_w)},
             {"fc.b", host(m.dfc_b)}, {"proj.w", host(m.dproj_w)}, {"proj.b", host(m.dproj_b)}};
@@ -115,9 +117,12 @@ TEST(MoeFd, Dropless) { expect_matches_fd(0.0, false); }
 // aux = coef * E * (f0 P0 + f1 P1) = 0.5 * 2 * p0.
 TEST(MoeByHand, CapacityDropsInTokenOrderAndAux) {
   const int bt = 4, e = 2, k = 1;
-  Args a = {{"x", HVec(bt * C, 0.0)}, {"router", HVec(e * C, 0.0)},
-            {"fc.w", random_vec(e * F * C, 3)}, {"fc.b", random_vec(e * F, 4)},
-            {"proj.w", random_vec(e * C * F, 5)}, {"proj.b", random_vec(e * C, 6)}};
+  Args a = {{"x", HVec(bt * C, 0.0)},
+            {"router", HVec(e * C, 0.0)},
+            {"fc.w", random_vec(e * F * C, 3)},
+            {"fc.b", random_vec(e * F, 4)},
+            {"proj.w", random_vec(e * C * F, 5)},
+            {"proj.b", random_vec(e * C, 6)}};
   for (int t = 0; t < bt; ++t) a["x"][std::size_t(t) * C] = 1.0 + 0.1 * t;  // x(t, 0)
   a["router"][0] = 2.0 / 1.0;  // expert 0's logit: 2 * x(t, 0)
   const Result r = run(a, HVec(bt * C, 1.0), bt, e, k, 1.0, 1.0);

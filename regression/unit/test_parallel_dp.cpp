@@ -92,7 +92,8 @@ RunRecord train(const Config& c, MPI_Comm comm) {
     // The masters this rank updates, at their flat places (NaN elsewhere: held by others).
     auto& dp = trainer.data_parallel();
     std::vector<double> local(std::size_t(dp.layout().numel), std::nan(""));
-    const auto masters = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dp.update_params());
+    const auto masters =
+        Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dp.update_params());
     for (const auto& p : dp.update_pieces())
       for (std::int64_t i = p.lo; i < p.hi; ++i)
         local[std::size_t(i)] = double(masters(std::size_t(p.at + i - p.lo)));
@@ -199,8 +200,7 @@ TEST(TensorParallel, BytesPerStepAreTwoAllReducesPerLayerEachWay) {
   Config sp = c;
   sp.parallel.sequence_parallel = true;
   const RunRecord q = train<double>(sp, MPI_COMM_WORLD);
-  const double expect_sp =
-      m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT + (2 * L + 1) * 2 * C);
+  const double expect_sp = m * ring * w * ((2 + 4 * L) * BT * C + 3 * BT + (2 * L + 1) * 2 * C);
   for (double b : q.tp_bytes) EXPECT_DOUBLE_EQ(b, expect_sp);
 }
 
@@ -222,7 +222,7 @@ TEST(DataParallel, BytesPerStepAreTheRingFormulas) {
     const double expect[4] = {
         2 * ring * N * w,                    // all-reduce (not the padding)
         2 * ring * N * w + ring * Npad * w,  // + all-gather params (padded: in place)
-        m * ring * N * w + ring * Npad * w,     // reduce-scatter + gather
+        m * ring * N * w + ring * Npad * w,  // reduce-scatter + gather
         // + every unit gathered for its forward and again for its backward, but the
         // embedding (kept for the tied head) once per step
         m * ring * N * w + m * ring * 2 * (N - emb) * w + ring * emb * w};

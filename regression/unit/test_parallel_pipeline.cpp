@@ -21,12 +21,19 @@ using ptrain::test::world_size;
 namespace {
 
 Config config_for(const std::string& schedule, int v) {
-  std::vector<std::string> o = {
-      "model%n_layer=8",        "model%d_model=16",        "model%n_head=2",
-      "model%vocab=29",         "model%seq_len=8",         "model%dtype='fp64'",
-      "train%global_batch=8",   "train%micro_batch=1",     "parallel%pp=4",
-      "parallel%dp=1",          "run%steps=1",             "parallel%pp_schedule='" + schedule + "'",
-      "parallel%virtual_stages=" + std::to_string(v)};
+  std::vector<std::string> o = {"model%n_layer=8",
+                                "model%d_model=16",
+                                "model%n_head=2",
+                                "model%vocab=29",
+                                "model%seq_len=8",
+                                "model%dtype='fp64'",
+                                "train%global_batch=8",
+                                "train%micro_batch=1",
+                                "parallel%pp=4",
+                                "parallel%dp=1",
+                                "run%steps=1",
+                                "parallel%pp_schedule='" + schedule + "'",
+                                "parallel%virtual_stages=" + std::to_string(v)};
   Config c = deck::parse_text("", "<test>", o);
   deck::validate(c, 4);
   return c;

@@ -216,16 +216,13 @@ void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer,
   using T = typename P::master;
   const CheckpointState state{step, step * config.train.global_batch, trainer.optimizer(0).t(),
                               std::uint64_t(config.run.seed), lr};
-  const std::map<std::string, std::string> attrs{{"ptrain_version", PTRAIN_VERSION},
-                                                 {"deck", deck::echo(config)},
-                                                 {"grid", grid.shape().str()},
-                                                 {"zero", std::to_string(config.parallel.zero)},
-                                                 {"compute_dtype", config.model.dtype},
-                                                 {"run", config.run.name}};
-  const auto report =
-      save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
-                         owned_state<const T>(trainer), state_holder(config, grid), state, attrs,
-                         int(config.checkpoint.keep));
+  const std::map<std::string, std::string> attrs{
+      {"ptrain_version", PTRAIN_VERSION},    {"deck", deck::echo(config)},
+      {"grid", grid.shape().str()},          {"zero", std::to_string(config.parallel.zero)},
+      {"compute_dtype", config.model.dtype}, {"run", config.run.name}};
+  const auto report = save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
+                                         owned_state<const T>(trainer), state_holder(config, grid),
+                                         state, attrs, int(config.checkpoint.keep));
   log::info(cat("checkpoint: step ", step, " ", saved(report)));
 }
 

@@ -25,8 +25,8 @@ std::string weights_version_problem(const std::string& path,
     return cat(path, ": not a ptrain weights file (no format_version attribute)");
   if (version->second != kWeightsFormatVersion && version->second != "2")
     return cat(path, ": format_version ", h5::printable(version->second),
-               " is not supported (this ptrain reads ",
-               kWeightsFormatVersion, ", and 2 for checkpoints)");
+               " is not supported (this ptrain reads ", kWeightsFormatVersion,
+               ", and 2 for checkpoints)");
   return {};
 }
 

@@ -63,8 +63,8 @@ struct LoadReport {
 
 // Fills the tensors of `chunks` from `path`: each rank reads its slabs, the padding rows of
 // wte are set to zero, and a file of the other precision is converted. `path` may also be a
-// training checkpoint (format_version 2, checkpoint.hpp): its /model is read the same way. Datasets of the file
-// the model does not use are ignored (listed in the report, one warning on rank 0).
+// training checkpoint (format_version 2, checkpoint.hpp): its /model is read the same way. Datasets
+// of the file the model does not use are ignored (listed in the report, one warning on rank 0).
 template <class T>
 void load_weights(const std::string& path, MPI_Comm comm,
                   const std::vector<model::ChunkLayout>& chunks, const std::vector<T*>& chunk_data,

@@ -129,9 +129,7 @@ void Comm::check_peer(int peer) const {
                  "' (", size_, " ranks)");
 }
 
-void Comm::all_reduce_sum_now(double* data, int n) {
-  all_reduce_sum(data, std::size_t(n)).wait();
-}
+void Comm::all_reduce_sum_now(double* data, int n) { all_reduce_sum(data, std::size_t(n)).wait(); }
 
 // --- MPI ------------------------------------------------------------------------------------
 
@@ -343,6 +341,5 @@ Request MpiComm::do_all_to_allv(const void* send, const std::vector<int>& send_c
         "Ialltoallv");
   return Request(r, this, std::move(args));
 }
-
 
 }  // namespace ptrain

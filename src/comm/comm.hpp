@@ -201,15 +201,15 @@ class Comm {
   void blocked(const char* what, double t0, double t1);  // caller waited [t0, t1]
   std::size_t total(const std::vector<int>& counts, const char* op) const;  // one per rank
   void check_peer(int peer) const;
-  void enter(const char* op);                       // a collective: next sequence number
-  void point_to_point(const char* op, int peer);    // a message: no sequence number
+  void enter(const char* op);                     // a collective: next sequence number
+  void point_to_point(const char* op, int peer);  // a message: no sequence number
   [[noreturn]] void report_hang(const char* op, std::int64_t seq, double waited) const;
 
   std::string name_;
   int size_ = 1, rank_ = 0;
   CommStats stats_;
-  GroupTraffic* row_;  // in the process-wide table (rows are never moved)
-  int row_index_ = 0;  // its index there
+  GroupTraffic* row_;    // in the process-wide table (rows are never moved)
+  int row_index_ = 0;    // its index there
   const char* op_ = "";  // the operation being started (copied into its Request)
   std::int64_t seq_ = 0;
   int peer_ = -1;

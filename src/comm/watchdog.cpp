@@ -7,8 +7,8 @@ namespace ptrain::watchdog {
 namespace {
 struct State {
   double timeout = 0;
-  std::int64_t* mine = nullptr;          // this rank's kRows counters
-  std::vector<std::int64_t*> by_world;   // each world rank's counters, null if off-node
+  std::int64_t* mine = nullptr;         // this rank's kRows counters
+  std::vector<std::int64_t*> by_world;  // each world rank's counters, null if off-node
 };
 State& state() {
   static State s;

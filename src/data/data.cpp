@@ -202,8 +202,9 @@ class FileSource final : public TokenSource {
       for (std::size_t t = 0; t < n; ++t) {
         out[t] = raw[2 * t] | (raw[2 * t + 1] << 8);
         PTRAIN_REQUIRE(out[t] < spec_.vocab, "data: ", quoted(spec_.path), ": token ", out[t],
-                       " at position ", offset + std::int64_t(t), " is >= model%vocab = ",
-                       spec_.vocab, " (the file changed after it was opened)");
+                       " at position ", offset + std::int64_t(t),
+                       " is >= model%vocab = ", spec_.vocab,
+                       " (the file changed after it was opened)");
       }
     }
   }
@@ -308,7 +309,8 @@ void fetch(const TokenSource& source, Split split, std::int64_t step, std::int64
                  " has no validation region (data%val_fraction = 0)");
   const std::size_t T = std::size_t(source.spec().seq_len);
   for (int p : positions)
-    PTRAIN_REQUIRE(p >= 0 && std::size_t(p) < T, "data: position ", p, " outside a sequence of ", T);
+    PTRAIN_REQUIRE(p >= 0 && std::size_t(p) < T, "data: position ", p, " outside a sequence of ",
+                   T);
   const std::size_t n = positions.empty() ? T : positions.size();
   std::vector<std::int32_t> tokens(T + 1);
   for (std::int64_t s = 0; s < count; ++s) {

@@ -1,4 +1,5 @@
-// data/data.hpp — token sources and layout-invariant sampling (docs/ARCHITECTURE.md, "One training step").
+// data/data.hpp — token sources and layout-invariant sampling (docs/ARCHITECTURE.md, "One training
+// step").
 //
 // Sample j of training step s is a pure function of (seed, s, j): the same whatever the
 // rank count or micro-batch size. A rank fetches a contiguous slice [first, first+count)

@@ -67,11 +67,11 @@ struct Bound {
 };
 
 struct KeySpec {
-  std::string group, key;    // lower case
+  std::string group, key;  // lower case
   KeyType type = KeyType::Int;
-  int extent = 0;            // 0: scalar, n: array of exactly n
-  std::string default_text;  // deck syntax, as written in schema.def
-  Bound lo, hi;              // inclusive (hi unless hi.below), INT and REAL only
+  int extent = 0;                    // 0: scalar, n: array of exactly n
+  std::string default_text;          // deck syntax, as written in schema.def
+  Bound lo, hi;                      // inclusive (hi unless hi.below), INT and REAL only
   std::vector<std::string> choices;  // allowed STR values; empty: any
   std::string doc;
   std::function<Value(const Config&, int element)> get;  // element 0-based (0 for scalars)

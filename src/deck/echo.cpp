@@ -21,10 +21,14 @@ bool at_default(const Config& config, const KeySpec& spec) {
 
 const char* type_name(KeyType t) {
   switch (t) {
-    case KeyType::Int: return "integer";
-    case KeyType::Real: return "real";
-    case KeyType::Bool: return "logical";
-    case KeyType::Str: return "string";
+    case KeyType::Int:
+      return "integer";
+    case KeyType::Real:
+      return "real";
+    case KeyType::Bool:
+      return "logical";
+    case KeyType::Str:
+      return "string";
   }
   return "";
 }
@@ -42,7 +46,8 @@ std::string allowed(const KeySpec& spec) {
   }
   if (spec.type == KeyType::Bool) return "`.true.`, `.false.`";
   if (spec.lo.limited && spec.hi.limited)
-    return cat(show_bound(spec, spec.lo), spec.hi.below ? " to below " : " to ", show_bound(spec, spec.hi));
+    return cat(show_bound(spec, spec.lo), spec.hi.below ? " to below " : " to ",
+               show_bound(spec, spec.hi));
   if (spec.lo.limited) return cat(">= ", show_bound(spec, spec.lo));
   if (spec.hi.limited) return cat(spec.hi.below ? "< " : "<= ", show_bound(spec, spec.hi));
   return "any";
@@ -76,7 +81,8 @@ std::string echo(const Config& config) {
     std::size_t line_width = 0;
     for (int k : g.keys) {
       const KeySpec& s = specs[static_cast<std::size_t>(k)];
-      lines.push_back("    " + s.key + std::string(width - s.key.size(), ' ') + " = " + value_text(config, s));
+      lines.push_back("    " + s.key + std::string(width - s.key.size(), ' ') + " = " +
+                      value_text(config, s));
       line_width = std::max(line_width, lines.back().size());
     }
     out += "\n&" + g.name + "\n";
@@ -112,8 +118,8 @@ std::string help_deck() {
       const KeySpec& s = specs[static_cast<std::size_t>(k)];
       std::string type = type_name(s.type);
       if (s.extent > 0) type += cat("(", s.extent, ")");
-      out += cat("| `", s.key, "` | ", type, " | `", cell(s.default_text), "` | ", cell(allowed(s)), " | ",
-                 cell(s.doc), " |\n");
+      out += cat("| `", s.key, "` | ", type, " | `", cell(s.default_text), "` | ", cell(allowed(s)),
+                 " | ", cell(s.doc), " |\n");
     }
   }
   return out;

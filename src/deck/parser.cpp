@@ -42,7 +42,8 @@ struct Origin {
 
   [[noreturn]] void fail(Location at, const std::string& message) const {
     if (!file.empty())
-      throw Error(detail::printable(cat(file, ":", at.line, ":", at.col, ": ", message)), kExitInput);
+      throw Error(detail::printable(cat(file, ":", at.line, ":", at.col, ": ", message)),
+                  kExitInput);
     throw Error(detail::printable(prefix + message), kExitInput);
   }
 };
@@ -57,8 +58,8 @@ bool is_separator(int c) {
 }
 // What ends a name: the separators and the characters that have a meaning after a name.
 bool ends_word(int c) {
-  return c == kEof || is_separator(c) || c == '=' || c == '(' || c == ')' || is_quote(c) || c == '&' ||
-         c == '$';
+  return c == kEof || is_separator(c) || c == '=' || c == '(' || c == ')' || is_quote(c) ||
+         c == '&' || c == '$';
 }
 
 std::string lower(std::string s) {
@@ -119,8 +120,10 @@ bool parse_real(const std::string& text, double& out, std::string& why) {
   if (!digits) return false;  // gfortran fails to convert "." too
   if (i < n) {
     char e = static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
-    if (e == 'e' || e == 'd' || e == 'q') ++i;
-    else if (e != '+' && e != '-') return false;
+    if (e == 'e' || e == 'd' || e == 'q')
+      ++i;
+    else if (e != '+' && e != '-')
+      return false;
     c_text += 'e';
     if (i < n && (text[i] == '+' || text[i] == '-')) c_text += text[i++];
     if (!all_digits(text.substr(i))) return false;
@@ -145,7 +148,8 @@ bool parse_logical(const std::string& text, bool& out) {
   if (i >= text.size()) return false;
   char c = static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
   if (c != 't' && c != 'f') return false;
-  if (!dotted && (text.find('=', 2) != std::string::npos || text.size() > kMaxLogicalWord)) return false;
+  if (!dotted && (text.find('=', 2) != std::string::npos || text.size() > kMaxLogicalWord))
+    return false;
   out = c == 't';
   return true;
 }
@@ -213,8 +217,8 @@ struct Target {
 
   std::string too_many() const {
     if (!section.empty())
-      return cat("too many values for ", spec->name(), section, " (the section has ", elements.size(),
-                 " elements)");
+      return cat("too many values for ", spec->name(), section, " (the section has ",
+                 elements.size(), " elements)");
     if (spec->extent == 0) return cat("too many values for ", spec->name(), " (it is a scalar)");
     return cat("too many values for ", spec->name(), " (it has ", spec->extent, " elements)");
   }
@@ -232,7 +236,9 @@ struct Values {
   bool after_comment = false;  // a comment stood where the next value should be
 };
 
-std::string shown_string(const std::string& s) { return "the string " + format_value(detail::excerpt(s)); }
+std::string shown_string(const std::string& s) {
+  return "the string " + format_value(detail::excerpt(s));
+}
 
 // The character-level reading of one deck, --set value or default text.
 class Reader {
@@ -348,7 +354,8 @@ class Reader {
   // separators inside it ("ste,ps" and "save_<line end>final" are names to gfortran).
   std::string key_name() {
     std::string name;
-    for (int c = s.peek(); c != kEof && c != '=' && c != ' ' && c != '\t' && c != '(' && c != '%'; c = s.peek()) {
+    for (int c = s.peek(); c != kEof && c != '=' && c != ' ' && c != '\t' && c != '(' && c != '%';
+         c = s.peek()) {
       s.next();
       if (!is_separator(c)) name += static_cast<char>(c);
     }
@@ -477,7 +484,9 @@ class Reader {
     return i;
   }
 
-  Item read_item(const KeySpec& spec) { return spec.type == KeyType::Str ? read_string(spec) : read_word(spec); }
+  Item read_item(const KeySpec& spec) {
+    return spec.type == KeyType::Str ? read_string(spec) : read_word(spec);
+  }
 
   // read_character: a quoted string, r*'string', a null, or the end of the list.
   Item read_string(const KeySpec& spec) {
@@ -545,7 +554,8 @@ class Reader {
     if (is_quote(c)) {
       s.next();
       std::string text = quoted(c, at);
-      o_.fail(at, cat("expected ", type_words(spec.type), " for ", spec.name(), ", got ", shown_string(text)));
+      o_.fail(at, cat("expected ", type_words(spec.type), " for ", spec.name(), ", got ",
+                      shown_string(text)));
     }
     std::string token = token_ahead(), body = token;
     std::int64_t repeat = 1;
@@ -566,13 +576,15 @@ class Reader {
     return item;
   }
 
-  Value convert(const KeySpec& spec, const std::string& token, const std::string& body, Location at) {
+  Value convert(const KeySpec& spec, const std::string& token, const std::string& body,
+                Location at) {
     std::string why;
     switch (spec.type) {
       case KeyType::Int: {
         std::int64_t x = 0;
         if (parse_int(body, x)) return Value(std::in_place_type<std::int64_t>, x);
-        if (all_digits(body.substr((body[0] == '+' || body[0] == '-') ? 1 : 0))) why = "beyond the 64-bit range";
+        if (all_digits(body.substr((body[0] == '+' || body[0] == '-') ? 1 : 0)))
+          why = "beyond the 64-bit range";
         break;
       }
       case KeyType::Real: {
@@ -589,8 +601,8 @@ class Reader {
         break;
     }
     glued_value(spec, token, at);
-    o_.fail(at, cat("expected ", type_words(spec.type), " for ", spec.name(), ", got '", detail::excerpt(token),
-                    "'", why.empty() ? "" : cat(" (", why, ")")));
+    o_.fail(at, cat("expected ", type_words(spec.type), " for ", spec.name(), ", got '",
+                    detail::excerpt(token), "'", why.empty() ? "" : cat(" (", why, ")")));
   }
 
   // A value with punctuation glued to it ("4)"): say where the value should have ended.
@@ -612,22 +624,27 @@ class Reader {
   [[noreturn]] void unquoted(const KeySpec& spec, Location at) {
     std::string w = detail::excerpt(token_ahead());
     if (w.empty()) w = std::string(1, static_cast<char>(s.peek()));
-    o_.fail(at, cat("expected a quoted string for ", spec.name(), ", got ", w, " (write it as ", format_value(w),
-                    ")"));
+    o_.fail(at, cat("expected a quoted string for ", spec.name(), ", got ", w, " (write it as ",
+                    format_value(w), ")"));
   }
 
   std::int64_t repeat_count(const std::string& digits, Location at) {
     std::int64_t r = 0;
-    if (!parse_int(digits, r) || r < 1 || r > kMaxRepeat) o_.fail(at, cat("bad repeat count in '", digits, "*'"));
+    if (!parse_int(digits, r) || r < 1 || r > kMaxRepeat)
+      o_.fail(at, cat("bad repeat count in '", digits, "*'"));
     return r;
   }
 
   static const char* type_words(KeyType t) {
     switch (t) {
-      case KeyType::Int: return "an integer";
-      case KeyType::Real: return "a real number";
-      case KeyType::Bool: return "a logical (.true. or .false.)";
-      case KeyType::Str: return "a quoted string";
+      case KeyType::Int:
+        return "an integer";
+      case KeyType::Real:
+        return "a real number";
+      case KeyType::Bool:
+        return "a logical (.true. or .false.)";
+      case KeyType::Str:
+        return "a quoted string";
     }
     return "";
   }
@@ -637,17 +654,19 @@ class Reader {
 
 // Whether a token at a key-name position is really one more value for `previous`.
 bool is_value_for(const KeySpec& previous, int c, const std::string& word) {
-  if (c == ',' || is_quote(c) || is_digit(c) || c == '+' || c == '-' || c == '.' || c == '*') return true;
+  if (c == ',' || is_quote(c) || is_digit(c) || c == '+' || c == '-' || c == '.' || c == '*')
+    return true;
   std::string why;
   double r;
   bool b;
-  return previous.type == KeyType::Bool ? parse_logical(word, b)
+  return previous.type == KeyType::Bool   ? parse_logical(word, b)
          : previous.type == KeyType::Real ? parse_real(word, r, why) || !why.empty()
                                           : false;
 }
 
 // Range and choices of one element's value.
-void check_value(const KeySpec& spec, int element, const Value& value, const Origin& o, Location at) {
+void check_value(const KeySpec& spec, int element, const Value& value, const Origin& o,
+                 Location at) {
   std::string why = detail::value_error(spec, element, value);
   if (!why.empty()) o.fail(at, why);
 }
@@ -661,11 +680,12 @@ struct Tracker {
 };
 
 // Sets the values read for key `k`. A duplicate is reported at the key name (key_at).
-void assign(int k, Location key_at, const std::vector<Assigned>& items, Config& config, Tracker& tracker,
-            const Origin& o) {
+void assign(int k, Location key_at, const std::vector<Assigned>& items, Config& config,
+            Tracker& tracker, const Origin& o) {
   const KeySpec& spec = key_specs()[static_cast<std::size_t>(k)];
   for (const Assigned& a : items) {
-    Location& first = tracker.set_at[static_cast<std::size_t>(k)][static_cast<std::size_t>(a.element)];
+    Location& first =
+        tracker.set_at[static_cast<std::size_t>(k)][static_cast<std::size_t>(a.element)];
     if (first.line != 0)
       o.fail(key_at, cat("duplicate key ", detail::element_name(spec, a.element),
                          o.is_override ? " (already set by an earlier --set)"
@@ -729,7 +749,8 @@ int find_key(int g, const std::string& name, const Origin& o, Location at) {
     if (key == lower(name)) return k;
     names.push_back(key);
   }
-  o.fail(at, cat("unknown key '", detail::excerpt(name), "' in &", group.name, suggest(name, names, "")));
+  o.fail(at, cat("unknown key '", detail::excerpt(name), "' in &", group.name,
+                 suggest(name, names, "")));
 }
 
 Target whole(const KeySpec& spec) {
@@ -752,8 +773,8 @@ Target read_index(Reader& r, const KeySpec& spec, Location paren, const Origin& 
     text += static_cast<char>(r.s.next());
   r.s.restore(start);
   auto bad = [&]() {
-    o.fail(at, cat("bad array index (", trim(text), ") for ", spec.name(), ": expected i, lo:hi or lo:hi:step within 1..",
-                   spec.extent));
+    o.fail(at, cat("bad array index (", trim(text), ") for ", spec.name(),
+                   ": expected i, lo:hi or lo:hi:step within 1..", spec.extent));
   };
   std::int64_t field[3] = {0, 0, 0};
   bool given[3] = {false, false, false};
@@ -768,16 +789,18 @@ Target read_index(Reader& r, const KeySpec& spec, Location paren, const Origin& 
     while (is_digit(r.s.peek())) number += static_cast<char>(r.s.next());
     skip_blanks();
     if (!number.empty() && (is_digit(r.s.peek()) || r.s.peek() == '+' || r.s.peek() == '-'))
-      o.fail(at, cat("bad array index (", trim(text), ") for ", spec.name(),
-                     ": a blank separates two numbers (gfortran would read a section; write lo:hi)"));
+      o.fail(at,
+             cat("bad array index (", trim(text), ") for ", spec.name(),
+                 ": a blank separates two numbers (gfortran would read a section; write lo:hi)"));
     if (!number.empty() && !parse_int(number, field[fields])) bad();
     given[fields] = !number.empty();
     ++fields;
     int c = r.s.next();
     if (c == ')') break;
     if (c == '\n' || c == '\r')
-      o.fail(at, cat("bad array index for ", spec.name(),
-                     ": it goes on over a line end (gfortran misreads that); write it on one line"));
+      o.fail(at,
+             cat("bad array index for ", spec.name(),
+                 ": it goes on over a line end (gfortran misreads that); write it on one line"));
     if (c != ':' || fields == 3) bad();
   }
   Target t;
@@ -793,8 +816,10 @@ Target read_index(Reader& r, const KeySpec& spec, Location paren, const Origin& 
     if (fields == 3) step = field[2];
     t.section = "(" + trim(text) + ")";
   }
-  if (lo < 1 || lo > spec.extent || hi < 1 || hi > spec.extent || step == 0 || (hi - lo) * step < 0) bad();
-  for (std::int64_t i = lo; step > 0 ? i <= hi : i >= hi; i += step) t.elements.push_back(static_cast<int>(i - 1));
+  if (lo < 1 || lo > spec.extent || hi < 1 || hi > spec.extent || step == 0 || (hi - lo) * step < 0)
+    bad();
+  for (std::int64_t i = lo; step > 0 ? i <= hi : i >= hi; i += step)
+    t.elements.push_back(static_cast<int>(i - 1));
   return t;
 }
 
@@ -808,7 +833,8 @@ void expect_equals(Reader& r, const std::string& name, const Origin& o) {
 }
 
 // nml_get_obj_data, repeated: the items of one group up to its '/' or &end.
-void parse_group(Reader& r, int g, Location group_at, Config& config, Tracker& tracker, const Origin& o) {
+void parse_group(Reader& r, int g, Location group_at, Config& config, Tracker& tracker,
+                 const Origin& o) {
   const std::string& gname = group_specs()[static_cast<std::size_t>(g)].name;
   auto unterminated = [&] {
     o.fail(group_at, cat("unterminated group &", gname, " (the file ends before its closing '/')"));
@@ -830,8 +856,8 @@ void parse_group(Reader& r, int g, Location group_at, Config& config, Tracker& t
     if (c == '&' || c == '$') {
       std::string name = r.word();
       if (lower(name).rfind("end", 0) == 0) return;
-      o.fail(at, cat("&", gname, " is not closed before '", static_cast<char>(c), detail::excerpt(name),
-                     "' (missing '/')"));
+      o.fail(at, cat("&", gname, " is not closed before '", static_cast<char>(c),
+                     detail::excerpt(name), "' (missing '/')"));
     }
     r.s.unget();
     Scanner::State name_at = r.s.save();
@@ -842,12 +868,14 @@ void parse_group(Reader& r, int g, Location group_at, Config& config, Tracker& t
       r.s.restore(name_at);
       if (after_key && is_value_for(*target.spec, c, r.word())) {
         if (values.after_comment)
-          o.fail(at, cat("a comment right after '=' or ',' ends the values of ", target.spec->name(),
-                         " (gfortran reads no value after it): move the comment after the value"));
+          o.fail(at,
+                 cat("a comment right after '=' or ',' ends the values of ", target.spec->name(),
+                     " (gfortran reads no value after it): move the comment after the value"));
         o.fail(at, target.too_many());
       }
       if (is_quote(c)) o.fail(at, cat("expected a key name in &", gname, ", got a string"));
-      if (name.empty()) o.fail(at, cat("expected a key name in &", gname, ", got '", static_cast<char>(c), "'"));
+      if (name.empty())
+        o.fail(at, cat("expected a key name in &", gname, ", got '", static_cast<char>(c), "'"));
       k = find_key(g, name, o, at);
     }
     const KeySpec& spec = key_specs()[static_cast<std::size_t>(k)];
@@ -857,7 +885,8 @@ void parse_group(Reader& r, int g, Location group_at, Config& config, Tracker& t
       r.s.next();
       target = read_index(r, spec, paren, o);
       if (r.s.peek() == '(')
-        o.fail(r.s.where(), cat(spec.name(), " takes no second index (a substring of each element)"));
+        o.fail(r.s.where(),
+               cat(spec.name(), " takes no second index (a substring of each element)"));
     }
     expect_equals(r, name, o);
     values = r.read_values(target);
@@ -891,7 +920,8 @@ Location gfortran_header(const std::string& text, const std::string& name) {
 
 // Each group must start where gfortran starts reading it, or the two would read different
 // values from the same deck.
-void check_headers(const std::string& text, const std::vector<Location>& group_at, const Origin& o) {
+void check_headers(const std::string& text, const std::vector<Location>& group_at,
+                   const Origin& o) {
   for (std::size_t g = 0; g < group_at.size(); ++g) {
     const std::string& name = group_specs()[g].name;
     Location ours = group_at[g], theirs = gfortran_header(text, name);
@@ -902,7 +932,8 @@ void check_headers(const std::string& text, const std::vector<Location>& group_a
       o.fail(theirs, cat("gfortran would start reading &", name, " here (it takes '&", name,
                          "' inside a string or value for the group)"));
     o.fail(ours, cat("gfortran would not find this &", name,
-                     ": a '!' in a string before it hides the rest of the line; start the group on a new line"));
+                     ": a '!' in a string before it hides the rest of the line; start the group on "
+                     "a new line"));
   }
 }
 
@@ -924,13 +955,13 @@ int parse_deck(const std::string& text, Config& config, const Origin& o) {
     int g = find_group(name, o, at);
     Location& first = group_at[static_cast<std::size_t>(g)];
     if (first.line != 0)
-      o.fail(at, cat("duplicate group &", group_specs()[static_cast<std::size_t>(g)].name, " (first at line ",
-                     first.line, ")"));
+      o.fail(at, cat("duplicate group &", group_specs()[static_cast<std::size_t>(g)].name,
+                     " (first at line ", first.line, ")"));
     first = at;
     // gfortran takes '&run' as the group only when a separator follows the name.
     if (!is_separator(r.s.peek()) && r.s.peek() != kEof)
-      o.fail(r.s.where(), cat("expected a blank or a new line after '", static_cast<char>(c), name, "', got '",
-                              static_cast<char>(r.s.peek()), "'"));
+      o.fail(r.s.where(), cat("expected a blank or a new line after '", static_cast<char>(c), name,
+                              "', got '", static_cast<char>(r.s.peek()), "'"));
     parse_group(r, g, at, config, tracker, o);
   }
   check_headers(text, group_at, o);
@@ -980,7 +1011,8 @@ void apply_override(const std::string& arg, Config& config, Tracker& tracker) {
       std::size_t begin = 0;
       while (true) {
         std::size_t comma = value_text.find(',', begin);
-        parts.push_back(trim(value_text.substr(begin, comma == std::string::npos ? comma : comma - begin)));
+        parts.push_back(
+            trim(value_text.substr(begin, comma == std::string::npos ? comma : comma - begin)));
         if (comma == std::string::npos) break;
         begin = comma + 1;
       }
@@ -988,7 +1020,8 @@ void apply_override(const std::string& arg, Config& config, Tracker& tracker) {
     if (parts.size() > target.elements.size()) o.fail(none, target.too_many());
     for (std::size_t i = 0; i < parts.size(); ++i)
       if (spec.extent == 0 || !parts[i].empty())
-        values.items.push_back({target.elements[i], Value(std::in_place_type<std::string>, parts[i]), none});
+        values.items.push_back(
+            {target.elements[i], Value(std::in_place_type<std::string>, parts[i]), none});
   } else {
     Reader r(rhs, o);
     values = r.read_values(target);
@@ -1019,7 +1052,8 @@ Config build_defaults() {
     Reader r(spec.default_text, o);
     Values values = r.read_values(whole(spec));
     r.eat_separator();
-    if (r.s.peek() != kEof || r.input_complete) o.fail({}, cat("unexpected '", spec.default_text, "'"));
+    if (r.s.peek() != kEof || r.input_complete)
+      o.fail({}, cat("unexpected '", spec.default_text, "'"));
     assign(static_cast<int>(k), {}, values.items, config, tracker, o);
     for (const Location& at : tracker.set_at[k])
       if (at.line == 0) o.fail({}, cat("gives fewer than ", spec.size(), " values"));
@@ -1050,7 +1084,8 @@ Config parse_text(const std::string& text, const std::string& filename,
 Config parse_file(const std::string& path, const std::vector<std::string>& overrides) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f)
-    throw Error(detail::printable(cat("cannot open deck '", path, "': ", std::strerror(errno))), kExitInput);
+    throw Error(detail::printable(cat("cannot open deck '", path, "': ", std::strerror(errno))),
+                kExitInput);
   std::string text;
   char buf[65536];
   std::size_t n;
@@ -1058,7 +1093,9 @@ Config parse_file(const std::string& path, const std::vector<std::string>& overr
   bool failed = std::ferror(f) != 0;
   int err = errno;
   std::fclose(f);
-  if (failed) throw Error(detail::printable(cat("cannot read deck '", path, "': ", std::strerror(err))), kExitInput);
+  if (failed)
+    throw Error(detail::printable(cat("cannot read deck '", path, "': ", std::strerror(err))),
+                kExitInput);
   return parse_text(text, path, overrides);
 }
 

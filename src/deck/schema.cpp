@@ -28,7 +28,8 @@ Bound bound(NoLimit) { return {}; }
 
 template <class T>
 Bound bound(T v) {
-  static_assert(std::is_arithmetic_v<T>, "schema bounds are numbers, PTRAIN_BELOW(x) or PTRAIN_NOLIMIT");
+  static_assert(std::is_arithmetic_v<T>,
+                "schema bounds are numbers, PTRAIN_BELOW(x) or PTRAIN_NOLIMIT");
   Bound b;
   b.limited = true;
   b.integral = std::is_integral_v<T>;
@@ -46,10 +47,14 @@ Bound bound(Below<T> v) {
 
 template <class T>
 constexpr KeyType key_type() {
-  if constexpr (std::is_same_v<T, std::int64_t>) return KeyType::Int;
-  else if constexpr (std::is_same_v<T, double>) return KeyType::Real;
-  else if constexpr (std::is_same_v<T, bool>) return KeyType::Bool;
-  else return KeyType::Str;
+  if constexpr (std::is_same_v<T, std::int64_t>)
+    return KeyType::Int;
+  else if constexpr (std::is_same_v<T, double>)
+    return KeyType::Real;
+  else if constexpr (std::is_same_v<T, bool>)
+    return KeyType::Bool;
+  else
+    return KeyType::Str;
 }
 
 std::vector<std::string> split_choices(const std::string& text) {
@@ -110,25 +115,28 @@ void check_table(const Tables& t) {
     bool numeric = s.type == KeyType::Int || s.type == KeyType::Real;
     if (!numeric && (s.lo.limited || s.hi.limited))
       throw Error(cat("schema.def: ", s.name(), " has bounds but is not INT or REAL"));
-    if (s.type == KeyType::Int && ((s.lo.limited && !s.lo.integral) || (s.hi.limited && !s.hi.integral)))
+    if (s.type == KeyType::Int &&
+        ((s.lo.limited && !s.lo.integral) || (s.hi.limited && !s.hi.integral)))
       throw Error(cat("schema.def: ", s.name(), " is INT but has a non-integer bound"));
     if (s.type != KeyType::Str && !s.choices.empty())
       throw Error(cat("schema.def: ", s.name(), " has choices but is not STR"));
     if (s.extent < 0) throw Error(cat("schema.def: ", s.name(), " has a negative extent"));
-    if (s.lo.below) throw Error(cat("schema.def: ", s.name(), " has PTRAIN_BELOW as its lower bound"));
+    if (s.lo.below)
+      throw Error(cat("schema.def: ", s.name(), " has PTRAIN_BELOW as its lower bound"));
   }
 }
 
 Tables build_tables() {
   Tables t;
-#define PTRAIN_NOLIMIT NoLimit{}
-#define PTRAIN_BELOW(x) Below<decltype(x)>{x}
+#define PTRAIN_NOLIMIT \
+  NoLimit {}
+#define PTRAIN_BELOW(x) \
+  Below<decltype(x)> { x }
 #define PTRAIN_GROUP_BEGIN(g, doc) t.groups.push_back(GroupSpec{#g, doc, {}});
-#define PTRAIN_KEY(g, k, TYPE, EXTENT, def, lo, hi, choices, doc)                             \
-  t.groups.back().keys.push_back(static_cast<int>(t.keys.size()));                           \
-  t.keys.push_back(make_key<deck_types::TYPE, EXTENT>(&Config::g, &Config::g##_group::k, #g, \
-                                                      #k, def, bound(lo), bound(hi), choices, \
-                                                      doc));
+#define PTRAIN_KEY(g, k, TYPE, EXTENT, def, lo, hi, choices, doc)                                \
+  t.groups.back().keys.push_back(static_cast<int>(t.keys.size()));                               \
+  t.keys.push_back(make_key<deck_types::TYPE, EXTENT>(&Config::g, &Config::g##_group::k, #g, #k, \
+                                                      def, bound(lo), bound(hi), choices, doc));
 #define PTRAIN_GROUP_END(g)
 #include "deck/schema.def"
 #undef PTRAIN_GROUP_BEGIN
@@ -278,13 +286,14 @@ std::string value_error(const KeySpec& spec, int element, const Value& value) {
       range = cat("must be >= ", show_bound(spec, spec.lo));
     else
       range = cat("must be ", spec.hi.below ? "< " : "<= ", show_bound(spec, spec.hi));
-    return cat(element_name(spec, element), " = ", format_value(value), " is out of range: ", range);
+    return cat(element_name(spec, element), " = ", format_value(value),
+               " is out of range: ", range);
   }
   if (spec.type != KeyType::Str) return "";
   const std::string& x = std::get<std::string>(value);
   if (x.size() > kMaxStringLength)
-    return cat(element_name(spec, element), " is ", x.size(), " characters long (at most ", kMaxStringLength,
-               " are allowed)");
+    return cat(element_name(spec, element), " is ", x.size(), " characters long (at most ",
+               kMaxStringLength, " are allowed)");
   for (char c : x)
     if (is_control(c) && c != '\t')
       return cat(element_name(spec, element), " = ", format_value(excerpt(x)),
@@ -299,7 +308,8 @@ std::string value_error(const KeySpec& spec, int element, const Value& value) {
     std::string list;
     for (std::size_t i = 0; i < spec.choices.size(); ++i)
       list += (i ? ", " : "") + format_value(spec.choices[i]);
-    return cat(element_name(spec, element), " = ", format_value(excerpt(x)), " is not one of ", list);
+    return cat(element_name(spec, element), " = ", format_value(excerpt(x)), " is not one of ",
+               list);
   }
   return "";
 }
@@ -314,7 +324,6 @@ std::string excerpt(const std::string& text) {
   constexpr std::size_t kLength = 80;
   return text.size() <= kLength ? text : text.substr(0, kLength - 3) + "...";
 }
-
 
 }  // namespace detail
 

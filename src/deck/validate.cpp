@@ -25,7 +25,8 @@ struct Checker {
   }
   // a*b for a, b >= 0 (the range checks run first), or an error naming what overflowed.
   I64 mul(I64 a, I64 b, const std::string& what) const {
-    if (b != 0 && a > std::numeric_limits<I64>::max() / b) fail(cat(what, " overflows a 64-bit integer"));
+    if (b != 0 && a > std::numeric_limits<I64>::max() / b)
+      fail(cat(what, " overflows a 64-bit integer"));
     return a * b;
   }
 };
@@ -46,7 +47,6 @@ void check_keys(const Checker& ck, const Config& c) {
       if (!why.empty()) ck.fail(why);
     }
   }
-
 }
 
 // The grid's sizes against the world, and the axis order.
@@ -55,16 +55,16 @@ void check_grid(const Checker& ck, Config& c, int world_size) {
   // The grid: D*T*P*C*E must be the world size.
   I64 tpce = ck.mul(ck.mul(ck.mul(p.tp, p.pp, "tp*pp"), p.cp, "tp*pp*cp"), p.ep, "tp*pp*cp*ep");
   if (p.dp == -1) {
-    ck.require(world_size % tpce == 0,
-               cat("parallel%dp = -1 needs the world size ", world_size, " to be a multiple of tp*pp*cp*ep = ",
-                   p.tp, "*", p.pp, "*", p.cp, "*", p.ep, " = ", tpce));
+    ck.require(world_size % tpce == 0, cat("parallel%dp = -1 needs the world size ", world_size,
+                                           " to be a multiple of tp*pp*cp*ep = ", p.tp, "*", p.pp,
+                                           "*", p.cp, "*", p.ep, " = ", tpce));
     p.dp = world_size / tpce;
   }
   ck.require(p.dp >= 1, cat("parallel%dp = ", p.dp, " must be >= 1 (or -1)"));
   I64 ranks = ck.mul(p.dp, tpce, "dp*tp*pp*cp*ep");
-  ck.require(ranks == world_size, cat("parallel%dp*tp*pp*cp*ep = ", p.dp, "*", p.tp, "*", p.pp, "*", p.cp,
-                                      "*", p.ep, " = ", ranks, " does not match the world size ",
-                                      world_size));
+  ck.require(ranks == world_size,
+             cat("parallel%dp*tp*pp*cp*ep = ", p.dp, "*", p.tp, "*", p.pp, "*", p.cp, "*", p.ep,
+                 " = ", ranks, " does not match the world size ", world_size));
 
   // Axis order: a permutation of t,c,e,d,p.
   {
@@ -72,9 +72,9 @@ void check_grid(const Checker& ck, Config& c, int world_size) {
     std::sort(sorted.begin(), sorted.end());
     std::string shown;
     for (std::size_t i = 0; i < p.order.size(); ++i) shown += (i ? ", " : "") + q(p.order[i]);
-    ck.require(sorted == want, cat("parallel%order = ", shown, " is not a permutation of t, c, e, d, p"));
+    ck.require(sorted == want,
+               cat("parallel%order = ", shown, " is not a permutation of t, c, e, d, p"));
   }
-
 }
 
 // Shapes tensor parallelism splits, and sizes the kernels index with 32-bit ints.
@@ -86,38 +86,47 @@ void check_sizes(const Checker& ck, const Config& c) {
   // Model shapes against tensor parallelism.
   ck.require(m.d_model % m.n_head == 0,
              cat("model%n_head = ", m.n_head, " does not divide model%d_model = ", m.d_model));
-  ck.require(m.n_head % p.tp == 0, cat("parallel%tp = ", p.tp, " does not divide model%n_head = ", m.n_head));
+  ck.require(m.n_head % p.tp == 0,
+             cat("parallel%tp = ", p.tp, " does not divide model%n_head = ", m.n_head));
   I64 ffn = ck.mul(m.ffn_mult, m.d_model, "model%ffn_mult*d_model");
-  ck.require(ffn % p.tp == 0, cat("parallel%tp = ", p.tp, " does not divide the MLP width model%ffn_mult*d_model = ",
-                                  m.ffn_mult, "*", m.d_model, " = ", ffn));
+  ck.require(ffn % p.tp == 0,
+             cat("parallel%tp = ", p.tp, " does not divide the MLP width model%ffn_mult*d_model = ",
+                 m.ffn_mult, "*", m.d_model, " = ", ffn));
 
   // Sizes: the kernels index a tensor, and MPI counts its elements, with 32-bit ints.
   const I64 int_max = std::numeric_limits<int>::max();
-  const std::string int32 = cat(int_max, " (the kernels and MPI index one tensor with 32-bit ints)");
+  const std::string int32 =
+      cat(int_max, " (the kernels and MPI index one tensor with 32-bit ints)");
   ck.require(m.vocab <= int_max, cat("model%vocab = ", m.vocab, " exceeds ", int_max,
                                      " (the kernels index the vocabulary with 32-bit ints)"));
   const I64 vocab_padded = (m.vocab + p.tp - 1) / p.tp * p.tp;
   const I64 embedding = ck.mul(vocab_padded, m.d_model, "model%vocab*d_model");
-  ck.require(embedding <= int_max, cat("model%vocab*d_model = ", vocab_padded, "*", m.d_model, " = ", embedding,
-                                       " elements of the token embedding exceed ", int32));
-  const I64 width_mult = std::max<I64>(3, m.ffn_mult);  // qkv is 3*d_model wide, the MLP ffn_mult*d_model
+  ck.require(embedding <= int_max,
+             cat("model%vocab*d_model = ", vocab_padded, "*", m.d_model, " = ", embedding,
+                 " elements of the token embedding exceed ", int32));
+  const I64 width_mult =
+      std::max<I64>(3, m.ffn_mult);  // qkv is 3*d_model wide, the MLP ffn_mult*d_model
   const I64 matrix = ck.mul(ck.mul(width_mult, m.d_model, "model%ffn_mult*d_model"), m.d_model,
                             "model%ffn_mult*d_model*d_model");
-  ck.require(matrix <= int_max, cat("max(3, model%ffn_mult)*d_model*d_model = ", width_mult, "*", m.d_model, "*",
-                                    m.d_model, " = ", matrix, " elements of one weight matrix exceed ", int32));
-  const I64 activations = ck.mul(ck.mul(t.micro_batch, m.seq_len, "train%micro_batch*model%seq_len"),
-                                 width_mult * m.d_model, "train%micro_batch*model%seq_len*d_model");
+  ck.require(matrix <= int_max,
+             cat("max(3, model%ffn_mult)*d_model*d_model = ", width_mult, "*", m.d_model, "*",
+                 m.d_model, " = ", matrix, " elements of one weight matrix exceed ", int32));
+  const I64 activations =
+      ck.mul(ck.mul(t.micro_batch, m.seq_len, "train%micro_batch*model%seq_len"),
+             width_mult * m.d_model, "train%micro_batch*model%seq_len*d_model");
   ck.require(activations <= int_max,
-             cat("train%micro_batch*model%seq_len*max(3, model%ffn_mult)*d_model = ", t.micro_batch, "*", m.seq_len,
-                 "*", width_mult, "*", m.d_model, " = ", activations, " activation elements of one micro-batch exceed ",
-                 int_max, " (the kernels index them with 32-bit ints)"));
+             cat("train%micro_batch*model%seq_len*max(3, model%ffn_mult)*d_model = ", t.micro_batch,
+                 "*", m.seq_len, "*", width_mult, "*", m.d_model, " = ", activations,
+                 " activation elements of one micro-batch exceed ", int_max,
+                 " (the kernels index them with 32-bit ints)"));
   const I64 step_tokens = ck.mul(t.global_batch, m.seq_len, "train%global_batch*model%seq_len");
-  ck.require(step_tokens <= int_max, cat("train%global_batch*model%seq_len = ", t.global_batch, "*", m.seq_len, " = ",
-                                         step_tokens, " tokens per step exceed ", int_max));
+  ck.require(step_tokens <= int_max,
+             cat("train%global_batch*model%seq_len = ", t.global_batch, "*", m.seq_len, " = ",
+                 step_tokens, " tokens per step exceed ", int_max));
   const I64 val_tokens = ck.mul(d.val_samples, m.seq_len, "data%val_samples*model%seq_len");
-  ck.require(val_tokens <= int_max, cat("data%val_samples*model%seq_len = ", d.val_samples, "*", m.seq_len, " = ",
-                                        val_tokens, " tokens per validation pass exceed ", int_max));
-
+  ck.require(val_tokens <= int_max,
+             cat("data%val_samples*model%seq_len = ", d.val_samples, "*", m.seq_len, " = ",
+                 val_tokens, " tokens per validation pass exceed ", int_max));
 }
 
 // How the layers split over the pipeline chunks, and the schedule's needs.
@@ -134,11 +143,15 @@ void check_pipeline(const Checker& ck, const Config& c) {
                    " (set parallel%pp_layers for an uneven split over the stages)"));
   } else {
     I64 given = 0, sum = 0;
-    while (given < I64(p.pp_layers.size()) && p.pp_layers[std::size_t(given)] > 0) sum += p.pp_layers[std::size_t(given++)];
-    const bool trailing_zeros = std::all_of(p.pp_layers.begin() + given, p.pp_layers.end(), [](I64 n) { return n == 0; });
+    while (given < I64(p.pp_layers.size()) && p.pp_layers[std::size_t(given)] > 0)
+      sum += p.pp_layers[std::size_t(given++)];
+    const bool trailing_zeros =
+        std::all_of(p.pp_layers.begin() + given, p.pp_layers.end(), [](I64 n) { return n == 0; });
     ck.require(trailing_zeros && given == chunks,
-               cat("parallel%pp_layers must give one positive layer count per pipeline chunk (parallel%pp*virtual_stages = ",
-                   chunks, ", in order: chunk c of stage s is number c*pp + s + 1), got ", given, " before the first 0"));
+               cat("parallel%pp_layers must give one positive layer count per pipeline chunk "
+                   "(parallel%pp*virtual_stages = ",
+                   chunks, ", in order: chunk c of stage s is number c*pp + s + 1), got ", given,
+                   " before the first 0"));
     ck.require(!trailing_zeros || given != chunks || sum == m.n_layer,
                cat("parallel%pp_layers adds up to ", sum, " layers, model%n_layer = ", m.n_layer));
   }
@@ -146,11 +159,11 @@ void check_pipeline(const Checker& ck, const Config& c) {
     ck.require(p.pp_schedule == "interleaved",
                cat("parallel%virtual_stages = ", p.virtual_stages,
                    " needs parallel%pp_schedule = 'interleaved' (got ", q(p.pp_schedule), ")"));
-    ck.require(p.pp > 1, cat("parallel%virtual_stages = ", p.virtual_stages, " needs parallel%pp > 1"));
+    ck.require(p.pp > 1,
+               cat("parallel%virtual_stages = ", p.virtual_stages, " needs parallel%pp > 1"));
   }
   ck.require(p.pp_schedule != "interleaved" || p.virtual_stages > 1,
              "parallel%pp_schedule = 'interleaved' needs parallel%virtual_stages > 1");
-
 }
 
 // Micro-batches per rank, context and expert parallelism, sequence parallelism.
@@ -161,14 +174,15 @@ void check_batch_and_axes(const Checker& ck, const Config& c) {
   // Batch: every data/expert-parallel rank runs whole micro-batches.
   I64 per_step = ck.mul(ck.mul(t.micro_batch, p.dp, "micro_batch*dp"), p.ep, "micro_batch*dp*ep");
   ck.require(t.global_batch % per_step == 0,
-             cat("train%micro_batch*parallel%dp*parallel%ep = ", t.micro_batch, "*", p.dp, "*", p.ep, " = ",
-                 per_step, " does not divide train%global_batch = ", t.global_batch));
+             cat("train%micro_batch*parallel%dp*parallel%ep = ", t.micro_batch, "*", p.dp, "*",
+                 p.ep, " = ", per_step, " does not divide train%global_batch = ", t.global_batch));
   if (p.pp_schedule == "interleaved" && per_step > 0 && t.global_batch % per_step == 0) {
     const I64 per_pipeline = t.global_batch / per_step;  // micro-batches per step
-    ck.require(per_pipeline % p.pp == 0,
-               cat("parallel%pp_schedule = 'interleaved' runs micro-batches in groups of parallel%pp = ", p.pp,
-                   ": train%global_batch/(micro_batch*dp*ep) = ", t.global_batch, "/", per_step, " = ", per_pipeline,
-                   " micro-batches per step is not a multiple of it"));
+    ck.require(
+        per_pipeline % p.pp == 0,
+        cat("parallel%pp_schedule = 'interleaved' runs micro-batches in groups of parallel%pp = ",
+            p.pp, ": train%global_batch/(micro_batch*dp*ep) = ", t.global_batch, "/", per_step,
+            " = ", per_pipeline, " micro-batches per step is not a multiple of it"));
   }
 
   // Context parallel: zigzag cuts each sequence into 2*cp chunks (rank c holds c and
@@ -177,29 +191,31 @@ void check_batch_and_axes(const Checker& ck, const Config& c) {
     const bool zigzag = p.cp_layout == "zigzag";
     const I64 pieces = zigzag ? ck.mul(2, p.cp, "2*parallel%cp") : p.cp;
     ck.require(m.seq_len % pieces == 0,
-               cat("parallel%cp = ", p.cp, " with parallel%cp_layout = ", q(p.cp_layout), " needs model%seq_len = ",
-                   m.seq_len, " to be a multiple of ", zigzag ? "2*cp = " : "cp = ", pieces,
-                   zigzag ? " (rank c holds chunks c and 2cp-1-c of 2cp)" : " (rank c holds chunk c of cp)"));
+               cat("parallel%cp = ", p.cp, " with parallel%cp_layout = ", q(p.cp_layout),
+                   " needs model%seq_len = ", m.seq_len, " to be a multiple of ",
+                   zigzag ? "2*cp = " : "cp = ", pieces,
+                   zigzag ? " (rank c holds chunks c and 2cp-1-c of 2cp)"
+                          : " (rank c holds chunk c of cp)"));
   }
 
   // Mixture of experts.
   if (m.n_expert > 0) {
     ck.require(m.n_expert % p.ep == 0,
                cat("parallel%ep = ", p.ep, " does not divide model%n_expert = ", m.n_expert));
-    ck.require(m.top_k <= m.n_expert, cat("model%top_k = ", m.top_k, " exceeds model%n_expert = ", m.n_expert));
+    ck.require(m.top_k <= m.n_expert,
+               cat("model%top_k = ", m.top_k, " exceeds model%n_expert = ", m.n_expert));
   } else {
-    ck.require(p.ep == 1, cat("parallel%ep = ", p.ep, " needs model%n_expert > 0 (the model has no experts)"));
+    ck.require(p.ep == 1,
+               cat("parallel%ep = ", p.ep, " needs model%n_expert > 0 (the model has no experts)"));
   }
 
   // Sequence parallel shards the tokens of a micro-batch over tp.
   if (p.sequence_parallel) {
     I64 tokens = ck.mul(t.micro_batch, m.seq_len / p.cp, "micro_batch*seq_len/cp");
-    ck.require(tokens % p.tp == 0,
-               cat("parallel%sequence_parallel needs parallel%tp = ", p.tp,
-                   " to divide train%micro_batch*model%seq_len/parallel%cp = ", t.micro_batch, "*", m.seq_len,
-                   "/", p.cp, " = ", tokens));
+    ck.require(tokens % p.tp == 0, cat("parallel%sequence_parallel needs parallel%tp = ", p.tp,
+                                       " to divide train%micro_batch*model%seq_len/parallel%cp = ",
+                                       t.micro_batch, "*", m.seq_len, "/", p.cp, " = ", tokens));
   }
-
 }
 
 // Data sources and the backend.
@@ -208,15 +224,15 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   const auto& d = c.data;
   // Data.
   if (d.source == "bytes")
-    ck.require(m.vocab >= 256, cat("data%source = 'bytes' needs model%vocab >= 256 (got ", m.vocab, ")"));
+    ck.require(m.vocab >= 256,
+               cat("data%source = 'bytes' needs model%vocab >= 256 (got ", m.vocab, ")"));
   if (d.source == "bytes" || d.source == "u16")
     ck.require(!d.path.empty(), cat("data%source = ", q(d.source), " needs a file in data%path"));
 
   const auto& g = c.parallel.grad_dtype;
   if (g != "auto" && g != m.dtype && !(g == "fp32" && m.dtype == "bf16"))
-    ck.fail(cat("parallel%grad_dtype = ", q(g), " needs model%dtype = 'bf16' (got ",
-                          q(m.dtype), "); leave it 'auto' for an ", m.dtype, " model"));
-
+    ck.fail(cat("parallel%grad_dtype = ", q(g), " needs model%dtype = 'bf16' (got ", q(m.dtype),
+                "); leave it 'auto' for an ", m.dtype, " model"));
 }
 
 }  // namespace
@@ -237,7 +253,8 @@ void validate(Config& c, int world_size) {
   const Checker ck{c.deck_path.empty() ? std::string("<deck>") : c.deck_path};
   ck.require(world_size >= 1, cat("world size ", world_size, " must be at least 1"));
   // An empty folder makes the output paths "/log.csv", "/final.h5": the file system's root.
-  ck.require(!c.run.out_dir.empty(), "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')");
+  ck.require(!c.run.out_dir.empty(),
+             "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')");
   check_keys(ck, c);  // again: a Config may also be built in code
   check_grid(ck, c, world_size);
   check_sizes(ck, c);

@@ -58,7 +58,8 @@ Communicator split_by_node(MPI_Comm world, const GridShape& shape, int simulated
   const int rank = mpi::rank(world);
   MPI_Comm node = MPI_COMM_NULL;
   if (simulated_ranks_per_node > 0)
-    mpi::check(MPI_Comm_split(world, rank / simulated_ranks_per_node, rank, &node), "grid: MPI_Comm_split (node)");
+    mpi::check(MPI_Comm_split(world, rank / simulated_ranks_per_node, rank, &node),
+               "grid: MPI_Comm_split (node)");
   else
     mpi::check(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
                "grid: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
@@ -69,9 +70,11 @@ Communicator split_by_node(MPI_Comm world, const GridShape& shape, int simulated
 std::vector<int> gather_node_map(MPI_Comm world, const Communicator& node) {
   const int rank = mpi::rank(world);
   int leader = rank;  // lowest world rank on this node
-  mpi::check(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node.get()), "grid: MPI_Allreduce (node leader)");
+  mpi::check(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node.get()),
+             "grid: MPI_Allreduce (node leader)");
   std::vector<int> leaders(static_cast<std::size_t>(mpi::size(world)));
-  mpi::check(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world), "grid: MPI_Allgather (node map)");
+  mpi::check(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world),
+             "grid: MPI_Allgather (node map)");
   // A leader first appears at its own rank, so numbering on first appearance follows lowest ranks.
   std::map<int, int> id_of_leader;
   std::vector<int> node_of_rank(leaders.size());
@@ -84,7 +87,8 @@ std::vector<int> gather_node_map(MPI_Comm world, const Communicator& node) {
 
 }  // namespace
 
-Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int simulated_ranks_per_node)
+Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology,
+           int simulated_ranks_per_node)
     : world_rank_(mpi::rank(world)),
       node_comm_(split_by_node(world, shape, simulated_ranks_per_node)),
       layout_(shape, gather_node_map(world, node_comm_)),
@@ -104,8 +108,8 @@ Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int sim
   MPI_Comm cart = MPI_COMM_NULL;
   mpi::check(MPI_Cart_create(world, kNumAxes, dims, periods, 0, &cart), "grid: MPI_Cart_create");
   cart_ = Communicator(cart);
-  PTRAIN_REQUIRE(mpi::rank(cart) == world_rank_, "grid: MPI_Cart_create renumbered rank ", world_rank_,
-                 " to ", mpi::rank(cart), " despite reorder = 0");
+  PTRAIN_REQUIRE(mpi::rank(cart) == world_rank_, "grid: MPI_Cart_create renumbered rank ",
+                 world_rank_, " to ", mpi::rank(cart), " despite reorder = 0");
 
   for (int g = 0; g < kNumGroupKinds; ++g) {
     const GroupKind kind = static_cast<GroupKind>(g);
@@ -120,7 +124,8 @@ Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int sim
       const std::vector<Axis> axes = group_axes(kind);
       int remain[kNumAxes];
       for (int k = 0; k < kNumAxes; ++k)
-        remain[k] = std::find(axes.begin(), axes.end(), shape.order[kNumAxes - 1 - k]) != axes.end();
+        remain[k] =
+            std::find(axes.begin(), axes.end(), shape.order[kNumAxes - 1 - k]) != axes.end();
       mpi::check(MPI_Cart_sub(cart, remain, &sub), "grid: MPI_Cart_sub");
     }
     groups_[static_cast<std::size_t>(g)] = Communicator(sub);

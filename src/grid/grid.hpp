@@ -38,7 +38,8 @@ class Grid {
   // spans nodes is a warning, or Error(kExitInput) with strict_topology (on every rank).
   // simulated_ranks_per_node > 0 replaces node discovery by "rank r is on node r / n",
   // to study or test a multi-node mapping on one machine.
-  Grid(MPI_Comm world, const GridShape& shape, bool strict_topology, int simulated_ranks_per_node = 0);
+  Grid(MPI_Comm world, const GridShape& shape, bool strict_topology,
+       int simulated_ranks_per_node = 0);
 
   const Layout& layout() const { return layout_; }
   const GridShape& shape() const { return layout_.shape(); }
@@ -47,10 +48,16 @@ class Grid {
   const Coords& coords() const { return coords_; }
 
   MPI_Comm cart() const { return cart_.get(); }
-  MPI_Comm comm(GroupKind g) const { return groups_[static_cast<int>(g)].get(); }  // NULL: not a member
+  MPI_Comm comm(GroupKind g) const {
+    return groups_[static_cast<int>(g)].get();
+  }  // NULL: not a member
   bool in_group(GroupKind g) const { return !groups_[static_cast<int>(g)].is_null(); }
-  int group_rank(GroupKind g) const { return groups_[static_cast<int>(g)].rank(); }  // -1: not a member
-  int group_size(GroupKind g) const { return groups_[static_cast<int>(g)].size(); }  // 0: not a member
+  int group_rank(GroupKind g) const {
+    return groups_[static_cast<int>(g)].rank();
+  }  // -1: not a member
+  int group_size(GroupKind g) const {
+    return groups_[static_cast<int>(g)].size();
+  }  // 0: not a member
 
   int world_rank() const { return world_rank_; }
   int world_size() const { return layout_.world(); }

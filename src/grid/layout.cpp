@@ -38,15 +38,24 @@ std::string group_axes_text(GroupKind g) {
 
 std::vector<Axis> group_axes(GroupKind g) {
   switch (g) {
-    case GroupKind::tp: return {Axis::t};
-    case GroupKind::cp: return {Axis::c};
-    case GroupKind::ep: return {Axis::e};
-    case GroupKind::dp: return {Axis::d};
-    case GroupKind::pp: return {Axis::p};
-    case GroupKind::dense_grad: return {Axis::d, Axis::e, Axis::c};
-    case GroupKind::expert_grad: return {Axis::d, Axis::c};
-    case GroupKind::batch: return {Axis::d, Axis::e};
-    case GroupKind::embed: return {Axis::p};
+    case GroupKind::tp:
+      return {Axis::t};
+    case GroupKind::cp:
+      return {Axis::c};
+    case GroupKind::ep:
+      return {Axis::e};
+    case GroupKind::dp:
+      return {Axis::d};
+    case GroupKind::pp:
+      return {Axis::p};
+    case GroupKind::dense_grad:
+      return {Axis::d, Axis::e, Axis::c};
+    case GroupKind::expert_grad:
+      return {Axis::d, Axis::c};
+    case GroupKind::batch:
+      return {Axis::d, Axis::e};
+    case GroupKind::embed:
+      return {Axis::p};
   }
   throw Error(cat("unknown group kind ", static_cast<int>(g)));
 }
@@ -56,19 +65,22 @@ std::vector<Axis> group_axes(GroupKind g) {
 GridShape GridShape::from_config(const Config& config) {
   const auto& par = config.parallel;
   GridShape shape;
-  const std::pair<Axis, std::int64_t> sizes[] = {
-      {Axis::t, par.tp}, {Axis::c, par.cp}, {Axis::e, par.ep}, {Axis::d, par.dp}, {Axis::p, par.pp}};
+  const std::pair<Axis, std::int64_t> sizes[] = {{Axis::t, par.tp},
+                                                 {Axis::c, par.cp},
+                                                 {Axis::e, par.ep},
+                                                 {Axis::d, par.dp},
+                                                 {Axis::p, par.pp}};
   for (const auto& [axis, n] : sizes) {
     if (n < 1 || n > std::numeric_limits<int>::max())
-      throw Error(cat("parallel%", axis_name(axis), "p = ", n,
-                      ": a grid axis needs a size of at least 1",
-                      axis == Axis::d ? " (dp = -1 must be resolved against the world size first)"
-                                      : ""),
-                  kExitInput);
+      throw Error(
+          cat("parallel%", axis_name(axis), "p = ", n, ": a grid axis needs a size of at least 1",
+              axis == Axis::d ? " (dp = -1 must be resolved against the world size first)" : ""),
+          kExitInput);
     shape.size[static_cast<int>(axis)] = static_cast<int>(n);
   }
   if (par.order.size() != static_cast<std::size_t>(kNumAxes))
-    throw Error(cat("parallel%order has ", par.order.size(), " entries; it needs all five axes t, c, e, d, p"),
+    throw Error(cat("parallel%order has ", par.order.size(),
+                    " entries; it needs all five axes t, c, e, d, p"),
                 kExitInput);
   for (int i = 0; i < kNumAxes; ++i) shape.order[i] = parse_axis(par.order[i]);
   shape.validate(shape.world());
@@ -88,15 +100,16 @@ int GridShape::world() const {
 void GridShape::validate(int world_size) const {
   for (int i = 0; i < kNumAxes; ++i)
     if (size[i] < 1)
-      throw Error(cat("grid ", str(), ": axis ", axis_name(static_cast<Axis>(i)), " has size ", size[i],
-                      " (must be >= 1)"),
+      throw Error(cat("grid ", str(), ": axis ", axis_name(static_cast<Axis>(i)), " has size ",
+                      size[i], " (must be >= 1)"),
                   kExitInput);
   std::array<int, kNumAxes> seen{};
   for (Axis a : order) {
     const int i = static_cast<int>(a);
     if (i < 0 || i >= kNumAxes || seen[i]++)
-      throw Error(cat("grid order ", str(), " is not a permutation of t, c, e, d, p (parallel%order)"),
-                  kExitInput);
+      throw Error(
+          cat("grid order ", str(), " is not a permutation of t, c, e, d, p (parallel%order)"),
+          kExitInput);
   }
   if (world() != world_size)
     throw Error(cat("grid ", str(), " needs ", world(), " ranks but the world has ", world_size,
@@ -138,8 +151,9 @@ Layout::Layout(const GridShape& shape, std::vector<int> node_of_rank)
   // Nodes must be numbered 0, 1, ... in order of their lowest rank.
   for (int n : node_of_rank_) {
     if (n < 0 || n > num_nodes_)
-      throw Error(cat("node map: nodes must be numbered 0, 1, ... in order of their lowest rank (got ",
-                      n, " after ", num_nodes_, " nodes)"));
+      throw Error(
+          cat("node map: nodes must be numbered 0, 1, ... in order of their lowest rank (got ", n,
+              " after ", num_nodes_, " nodes)"));
     if (n == num_nodes_) ++num_nodes_;
   }
   int stride = 1;
@@ -159,8 +173,9 @@ Coords Layout::coords(int r) const {
 int Layout::rank(const Coords& c) const {
   int r = 0;
   for (int i = 0; i < kNumAxes; ++i) {
-    PTRAIN_REQUIRE(c[i] >= 0 && c[i] < shape_.size[i], "coordinate ", axis_name(static_cast<Axis>(i)),
-                   " = ", c[i], " is outside the grid ", shape_.str());
+    PTRAIN_REQUIRE(c[i] >= 0 && c[i] < shape_.size[i], "coordinate ",
+                   axis_name(static_cast<Axis>(i)), " = ", c[i], " is outside the grid ",
+                   shape_.str());
     r += c[i] * stride_[i];
   }
   return r;
@@ -280,10 +295,9 @@ void Layout::check_topology(bool strict) const {
       fix = cat("lower ", key, " to at most ", rpn, " (the ranks per node)");
     else
       fix = cat("put ", axis_name(a), " first in parallel%order");
-    const std::string msg =
-        cat(group_name(rep.kind), " groups of ", rep.size, " ranks span ", rep.nodes_spanned,
-            " nodes (", rpn, " ranks per node, grid ", shape_.str(), "): their traffic crosses the network; ",
-            fix);
+    const std::string msg = cat(group_name(rep.kind), " groups of ", rep.size, " ranks span ",
+                                rep.nodes_spanned, " nodes (", rpn, " ranks per node, grid ",
+                                shape_.str(), "): their traffic crosses the network; ", fix);
     if (strict) throw Error(msg + " (parallel%strict_topology = .true.)", kExitInput);
     log::warn(msg);
   }
@@ -292,11 +306,12 @@ void Layout::check_topology(bool strict) const {
 std::string Layout::describe() const {
   std::ostringstream os;
   const int rpn = max_ranks_per_node();
-  os << "grid: " << world() << " ranks = " << shape_.str() << " (fastest-varying first); " << num_nodes_
-     << (num_nodes_ == 1 ? " node" : " nodes") << ", up to " << rpn << " ranks per node\n";
+  os << "grid: " << world() << " ranks = " << shape_.str() << " (fastest-varying first); "
+     << num_nodes_ << (num_nodes_ == 1 ? " node" : " nodes") << ", up to " << rpn
+     << " ranks per node\n";
   char line[160];
-  std::snprintf(line, sizeof line, "  %-12s %-15s %6s %7s %6s  %s\n", "group", "axes", "size", "groups",
-                "nodes", "intra-node");
+  std::snprintf(line, sizeof line, "  %-12s %-15s %6s %7s %6s  %s\n", "group", "axes", "size",
+                "groups", "nodes", "intra-node");
   os << line;
   for (const GroupReport& rep : reports()) {
     std::snprintf(line, sizeof line, "  %-12s %-15s %6d %7d %6d  %s\n", group_name(rep.kind),
@@ -308,8 +323,8 @@ std::string Layout::describe() const {
     os << "  rank map:  rank  node   t  c  e  d  p\n";
     for (int r = 0; r < world(); ++r) {
       const Coords c = coords(r);
-      std::snprintf(line, sizeof line, "            %4d  %4d  %2d %2d %2d %2d %2d\n", r, node(r), c[0], c[1],
-                    c[2], c[3], c[4]);
+      std::snprintf(line, sizeof line, "            %4d  %4d  %2d %2d %2d %2d %2d\n", r, node(r),
+                    c[0], c[1], c[2], c[3], c[4]);
       os << line;
     }
   }

@@ -12,7 +12,7 @@ struct Config;
 
 enum class Axis : int { t, c, e, d, p };  // tensor, context, expert, data, pipeline
 constexpr int kNumAxes = 5;
-const char* axis_name(Axis a);              // "t"
+const char* axis_name(Axis a);               // "t"
 Axis parse_axis(const std::string& letter);  // "t" -> Axis::t; Error(kExitInput) otherwise
 
 // Coordinates (or sizes) indexed by Axis.
@@ -20,12 +20,12 @@ using Coords = std::array<int, kNumAxes>;
 
 enum class GroupKind : int { tp, cp, ep, dp, pp, dense_grad, expert_grad, batch, embed };
 constexpr int kNumGroupKinds = 9;
-const char* group_name(GroupKind g);         // "tp", "dense-grad", ...
+const char* group_name(GroupKind g);        // "tp", "dense-grad", ...
 std::vector<Axis> group_axes(GroupKind g);  // the axes its members differ in (embed: p)
-std::string group_axes_text(GroupKind g);    // "t", "d,e,c", "p (first+last)"
+std::string group_axes_text(GroupKind g);   // "t", "d,e,c", "p (first+last)"
 
 struct GridShape {
-  Coords size{1, 1, 1, 1, 1};  // indexed by Axis
+  Coords size{1, 1, 1, 1, 1};                                                     // indexed by Axis
   std::array<Axis, kNumAxes> order{Axis::t, Axis::c, Axis::e, Axis::d, Axis::p};  // fastest first
 
   // From config.parallel.{tp,cp,ep,dp,pp,order}; dp must already be resolved (> 0).

@@ -230,12 +230,24 @@ KOKKOS_INLINE_FUNCTION void row_groups(const Member& m, int n, const F& f) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (n + kRows - 1) / kRows), [&](int i) {
     const int r0 = kRows * i;
     switch (n - r0 < kRows ? n - r0 : kRows) {
-      case 6: f(std::integral_constant<int, 6>{}, r0); break;
-      case 5: f(std::integral_constant<int, 5>{}, r0); break;
-      case 4: f(std::integral_constant<int, 4>{}, r0); break;
-      case 3: f(std::integral_constant<int, 3>{}, r0); break;
-      case 2: f(std::integral_constant<int, 2>{}, r0); break;
-      default: f(std::integral_constant<int, 1>{}, r0); break;
+      case 6:
+        f(std::integral_constant<int, 6>{}, r0);
+        break;
+      case 5:
+        f(std::integral_constant<int, 5>{}, r0);
+        break;
+      case 4:
+        f(std::integral_constant<int, 4>{}, r0);
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>{}, r0);
+        break;
+      case 2:
+        f(std::integral_constant<int, 2>{}, r0);
+        break;
+      default:
+        f(std::integral_constant<int, 1>{}, r0);
+        break;
     }
   });
 }

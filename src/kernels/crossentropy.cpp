@@ -88,7 +88,8 @@ void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
           for (int v = 0; v < nreal; ++v) x[v] = detail::exp_(x[v] - m) * scale;
           if (col >= 0 && col < nreal) x[col] -= dloss;
         } else {  // bf16: the target's p - 1 in fp32, rounded once
-          const A target = col >= 0 && col < nreal ? detail::exp_(A(x[col]) - m) * scale - dloss : 0;
+          const A target =
+              col >= 0 && col < nreal ? detail::exp_(A(x[col]) - m) * scale - dloss : 0;
           for (int v = 0; v < nreal; ++v) x[v] = T(detail::exp_(A(x[v]) - m) * scale);
           if (col >= 0 && col < nreal) x[col] = T(target);
         }
@@ -98,11 +99,11 @@ void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
 
 #define PTRAIN_INSTANTIATE(T)                                                                      \
   template void crossentropy_row_max<T>(Vec<accumulate_t<T>>, CVec<T>, int, const VocabShard&);    \
-  template void crossentropy_row_sumexp<T>(Vec<accumulate_t<T>>, Vec<accumulate_t<T>>, CVec<T>,     \
-                                           CVec<accumulate_t<T>>, IntVec, int, const VocabShard&);  \
-  template void crossentropy_loss<T>(Vec<accumulate_t<T>>, CVec<accumulate_t<T>>,                   \
-                                     CVec<accumulate_t<T>>, CVec<accumulate_t<T>>, int);            \
-  template void crossentropy_backward<T>(Vec<T>, CVec<accumulate_t<T>>, CVec<accumulate_t<T>>,      \
+  template void crossentropy_row_sumexp<T>(Vec<accumulate_t<T>>, Vec<accumulate_t<T>>, CVec<T>,    \
+                                           CVec<accumulate_t<T>>, IntVec, int, const VocabShard&); \
+  template void crossentropy_loss<T>(Vec<accumulate_t<T>>, CVec<accumulate_t<T>>,                  \
+                                     CVec<accumulate_t<T>>, CVec<accumulate_t<T>>, int);           \
+  template void crossentropy_backward<T>(Vec<T>, CVec<accumulate_t<T>>, CVec<accumulate_t<T>>,     \
                                          IntVec, int, const VocabShard&, accumulate_t<T>);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)

@@ -100,7 +100,7 @@ std::int64_t count_nonfinite(CVec<T> x) {
   std::int64_t n = 0;
   Kokkos::parallel_reduce(
       "ptrain::count_nonfinite", x.extent(0),
-      KOKKOS_LAMBDA(std::size_t i, std::int64_t& acc) {
+      KOKKOS_LAMBDA(std::size_t i, std::int64_t & acc) {
         acc += kmath::isfinite(accumulate_t<T>(x(i))) ? 0 : 1;
       },
       n);
@@ -155,15 +155,15 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
       });
 }
 
-#define PTRAIN_INSTANTIATE(T)                                               \
-  template void fill<T>(Vec<T>, T);                                         \
-  template void copy<T>(Vec<T>, CVec<T>);                                   \
+#define PTRAIN_INSTANTIATE(T)                                                                    \
+  template void fill<T>(Vec<T>, T);                                                              \
+  template void copy<T>(Vec<T>, CVec<T>);                                                        \
   template void copy_strided<T>(Vec<T>, const Strided&, CVec<T>, const Strided&, int, int, int); \
-  template void axpy<T>(Vec<T>, accumulate_t<T>, CVec<T>);                  \
-  template double sum_of_squares<T>(CVec<T>);                               \
-  template std::int64_t count_nonfinite<T>(CVec<T>);                        \
-  template void residual_forward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t); \
-  template void gelu_forward<T>(Vec<T>, CVec<T>, std::size_t);              \
+  template void axpy<T>(Vec<T>, accumulate_t<T>, CVec<T>);                                       \
+  template double sum_of_squares<T>(CVec<T>);                                                    \
+  template std::int64_t count_nonfinite<T>(CVec<T>);                                             \
+  template void residual_forward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t);                      \
+  template void gelu_forward<T>(Vec<T>, CVec<T>, std::size_t);                                   \
   template void gelu_backward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)

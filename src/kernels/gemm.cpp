@@ -66,7 +66,9 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
       for (int i = 0; i < mb; ++i)
         for (int j = 0; j < nb; ++j)
           c[std::size_t(i) * p + std::size_t(j)] =
-              beta == 0.0f ? 0.0f : beta * float(C[std::size_t(i0 + i) * std::size_t(ldc) + std::size_t(j0 + j)]);
+              beta == 0.0f
+                  ? 0.0f
+                  : beta * float(C[std::size_t(i0 + i) * std::size_t(ldc) + std::size_t(j0 + j)]);
       for (int k0 = 0; k0 < K; k0 += kPanel) {
         const int kb = std::min(kPanel, K - k0);
         for (int i = 0; i < mb; ++i)  // op(A)(i, k) = A(i, k) or A(k, i)
@@ -152,9 +154,12 @@ int blas_threads() {
 std::string blas_name() {
 #if PTRAIN_HAVE_OPENBLAS
   switch (openblas_get_parallel()) {  // 0 sequential, 1 pthreads, 2 OpenMP
-    case 0: return "OpenBLAS, sequential";
-    case 1: return "OpenBLAS, pthreads";
-    default: return "OpenBLAS, OpenMP";
+    case 0:
+      return "OpenBLAS, sequential";
+    case 1:
+      return "OpenBLAS, pthreads";
+    default:
+      return "OpenBLAS, OpenMP";
   }
 #else
   return "CBLAS";
@@ -174,7 +179,9 @@ std::string blas_spin_warning(int kernel_threads, int blas_threads) {
   if (!missing.empty())
     return "BLAS (OpenBLAS, pthreads) and the OpenMP kernels take turns on the rank's cores, "
            "and idle threads of each spin while the other works (1.2-1.5x slower steps): "
-           "export" + missing + " before mpirun (the job scripts do), or link OpenBLAS's "
+           "export" +
+           missing +
+           " before mpirun (the job scripts do), or link OpenBLAS's "
            "OpenMP build";
 #endif
   (void)kernel_threads, (void)blas_threads;
@@ -217,11 +224,11 @@ std::size_t gemm_workspace_bytes(Precision operands) {
   return operands == Precision::bf16 ? 3 * std::size_t(kPanel) * kPanel * sizeof(float) : 0;
 }
 
-#define PTRAIN_INSTANTIATE_GEMM(T, Out)                                                          \
-  template void gemm<T, Out>(bool, bool, int, int, int, accumulate_t<T>, CVec<T>, std::size_t, int, \
-                             CVec<T>, std::size_t, int, accumulate_t<T>, OutVec<Out>, std::size_t,  \
-                             int);                                                                  \
-  template void gemm<T, Out>(bool, bool, int, int, int, accumulate_t<T>, CVec<T>, CVec<T>,          \
+#define PTRAIN_INSTANTIATE_GEMM(T, Out)                                                        \
+  template void gemm<T, Out>(bool, bool, int, int, int, accumulate_t<T>, CVec<T>, std::size_t, \
+                             int, CVec<T>, std::size_t, int, accumulate_t<T>, OutVec<Out>,     \
+                             std::size_t, int);                                                \
+  template void gemm<T, Out>(bool, bool, int, int, int, accumulate_t<T>, CVec<T>, CVec<T>,     \
                              accumulate_t<T>, OutVec<Out>);
 PTRAIN_INSTANTIATE_GEMM(float, float)
 PTRAIN_INSTANTIATE_GEMM(double, double)

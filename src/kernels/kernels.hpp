@@ -82,8 +82,8 @@ void encoder_forward(Vec<T> out, IntVec tokens, IntVec positions, CVec<T> wte, C
 // dout(b, t) at row positions(t). An empty dwte or dwpe is skipped. Deterministic: each
 // column is summed by one thread in token order.
 template <class T, class G = T>
-void encoder_backward(OutVec<G> dwte, OutVec<G> dwpe, CVec<T> dout, IntVec tokens,
-                      IntVec positions, int B, int seq_len, int C, int v_begin, int v_local);
+void encoder_backward(OutVec<G> dwte, OutVec<G> dwpe, CVec<T> dout, IntVec tokens, IntVec positions,
+                      int B, int seq_len, int C, int v_begin, int v_local);
 
 // ---- layer norm (eps = 1e-5) -------------------------------------------------------------
 // inp: (N, C) -> out (N, C) [=] (inp - mean) * rstd * weight (C) + bias (C);
@@ -93,9 +93,9 @@ void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T
                        CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C);
 // dinp: (N, C) [+=]; dweight, dbias: (C) [+=].
 template <class T, class G = T>
-void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout,
-                        CVec<T> inp, CVec<T> weight, CVec<accumulate_t<T>> mean,
-                        CVec<accumulate_t<T>> rstd, int N, int C);
+void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout, CVec<T> inp,
+                        CVec<T> weight, CVec<accumulate_t<T>> mean, CVec<accumulate_t<T>> rstd,
+                        int N, int C);
 
 // ---- cross-entropy, vocab-parallel ---------------------------------------------------
 // This rank holds logits (N, v_local): columns [v_begin, v_begin + v_local) of the padded

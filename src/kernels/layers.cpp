@@ -129,8 +129,8 @@ void encoder_forward(Vec<T> out, IntVec tokens, IntVec positions, CVec<T> wte, C
 }
 
 template <class T, class G>
-void encoder_backward(OutVec<G> dwte, OutVec<G> dwpe, CVec<T> dout, IntVec tokens,
-                      IntVec positions, int B, int T_, int C, int v_begin, int v_local) {
+void encoder_backward(OutVec<G> dwte, OutVec<G> dwpe, CVec<T> dout, IntVec tokens, IntVec positions,
+                      int B, int T_, int C, int v_begin, int v_local) {
   const int N = B * T_;
   require_len("encoder_backward dout", dout.extent(0), std::size_t(N) * C);
   require_len("encoder_backward tokens", tokens.extent(0), std::size_t(N));
@@ -192,9 +192,9 @@ void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T
 }
 
 template <class T, class G>
-void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout,
-                        CVec<T> inp, CVec<T> weight, CVec<accumulate_t<T>> mean,
-                        CVec<accumulate_t<T>> rstd, int N, int C) {
+void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout, CVec<T> inp,
+                        CVec<T> weight, CVec<accumulate_t<T>> mean, CVec<accumulate_t<T>> rstd,
+                        int N, int C) {
   using A = accumulate_t<T>;
   require_len("layernorm_backward dinp", dinp.extent(0), std::size_t(N) * C);
   require_len("layernorm_backward dout", dout.extent(0), std::size_t(N) * C);
@@ -232,8 +232,7 @@ void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T>
         }
         const A mean_g = sum_g / A(C), mean_gx = sum_gx / A(C);
         for (int k = 0; k < C; ++k)
-          detail::add_to(dx[k],
-                         (A(w[k]) * A(g[k]) - mean_g - (A(x[k]) - m) * s * mean_gx) * s);
+          detail::add_to(dx[k], (A(w[k]) * A(g[k]) - mean_g - (A(x[k]) - m) * s * mean_gx) * s);
       });
   for_rows_per_column(
       "ptrain::layernorm_backward_params", N, C, KOKKOS_LAMBDA(int n, int c) {
@@ -244,11 +243,11 @@ void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T>
 }
 
 #define PTRAIN_INSTANTIATE(T, G)                                                                  \
-  template void matmul_backward<T, G>(Vec<T>, OutVec<G>, OutVec<G>, CVec<T>, CVec<T>, CVec<T>, int, \
-                                      int, int, bool);                                              \
-  template void encoder_backward<T, G>(OutVec<G>, OutVec<G>, CVec<T>, IntVec, IntVec, int, int,     \
-                                       int, int, int);                                              \
-  template void layernorm_backward<T, G>(Vec<T>, OutVec<G>, OutVec<G>, CVec<T>, CVec<T>, CVec<T>,   \
+  template void matmul_backward<T, G>(Vec<T>, OutVec<G>, OutVec<G>, CVec<T>, CVec<T>, CVec<T>,    \
+                                      int, int, int, bool);                                       \
+  template void encoder_backward<T, G>(OutVec<G>, OutVec<G>, CVec<T>, IntVec, IntVec, int, int,   \
+                                       int, int, int);                                            \
+  template void layernorm_backward<T, G>(Vec<T>, OutVec<G>, OutVec<G>, CVec<T>, CVec<T>, CVec<T>, \
                                          CVec<accumulate_t<T>>, CVec<accumulate_t<T>>, int, int);
 PTRAIN_INSTANTIATE(float, float)
 PTRAIN_INSTANTIATE(double, double)
@@ -256,12 +255,12 @@ PTRAIN_INSTANTIATE(bf16, float)
 PTRAIN_INSTANTIATE(bf16, bf16)
 #undef PTRAIN_INSTANTIATE
 
-#define PTRAIN_INSTANTIATE(T)                                                                    \
-  template void matmul_forward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int, int);             \
-  template void encoder_forward<T>(Vec<T>, IntVec, IntVec, CVec<T>, CVec<T>, int, int, int, int, \
-                                   int);                                                         \
-  template void layernorm_forward<T>(Vec<T>, Vec<accumulate_t<T>>, Vec<accumulate_t<T>>,         \
-                                     CVec<T>, CVec<T>, CVec<T>, int, int);
+#define PTRAIN_INSTANTIATE(T)                                                                     \
+  template void matmul_forward<T>(Vec<T>, CVec<T>, CVec<T>, CVec<T>, int, int, int);              \
+  template void encoder_forward<T>(Vec<T>, IntVec, IntVec, CVec<T>, CVec<T>, int, int, int, int,  \
+                                   int);                                                          \
+  template void layernorm_forward<T>(Vec<T>, Vec<accumulate_t<T>>, Vec<accumulate_t<T>>, CVec<T>, \
+                                     CVec<T>, CVec<T>, int, int);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)
 PTRAIN_INSTANTIATE(bf16)

@@ -98,18 +98,18 @@ void row_dots(Vec<T> dots, CVec<T> a, CVec<T> b, IntVec rows, int N, int k, int 
       "ptrain::row_dots", N, KOKKOS_LAMBDA(int t) {
         for (int j = 0; j < k; ++j) {
           const int r = rows(std::size_t(t) * k + j);
-          dots(std::size_t(t) * k + j) =
-              r < 0 ? T(0)
-                    : T(detail::row_dot(a.data() + std::size_t(t) * C,
-                                        b.data() + std::size_t(r) * C, C));
+          dots(std::size_t(t) * k + j) = r < 0
+                                             ? T(0)
+                                             : T(detail::row_dot(a.data() + std::size_t(t) * C,
+                                                                 b.data() + std::size_t(r) * C, C));
         }
       });
 }
 
-#define PTRAIN_INSTANTIATE(T)                                                                   \
-  template void softmax_rows_forward<T>(Vec<T>, CVec<T>, int, int);                            \
-  template void softmax_rows_backward<T>(Vec<T>, CVec<T>, CVec<T>, int, int);                  \
-  template void combine_rows<T>(Vec<T>, CVec<T>, IntVec, CVec<T>, int, int, int, bool);        \
+#define PTRAIN_INSTANTIATE(T)                                                           \
+  template void softmax_rows_forward<T>(Vec<T>, CVec<T>, int, int);                     \
+  template void softmax_rows_backward<T>(Vec<T>, CVec<T>, CVec<T>, int, int);           \
+  template void combine_rows<T>(Vec<T>, CVec<T>, IntVec, CVec<T>, int, int, int, bool); \
   template void row_dots<T>(Vec<T>, CVec<T>, CVec<T>, IntVec, int, int, int);
 PTRAIN_INSTANTIATE(float)
 PTRAIN_INSTANTIATE(double)

@@ -25,7 +25,7 @@ struct ActShape {
   std::int64_t BT = 0;  // tokens of the micro-batch on this rank: B * (seq_len / cp)
   std::int64_t R = 0;   // rows of the residual stream kept here: BT, or BT / tp with SP
   std::int64_t C = 0, Cl = 0, NHl = 0, Fl = 0, Vl = 0;  // width; this tp rank's share
-  bool sp = false;                                       // sequence parallelism
+  bool sp = false;                                      // sequence parallelism
   // A MoE block (model/moe.hpp): E experts, top k; rows an ep rank may receive for its
   // experts (every token of every ep rank, dropless), and whether tokens leave the rank.
   bool moe = false;
@@ -70,12 +70,14 @@ void describe(MlpScratch<V>& a, const ActShape& s, F&& f) {
 template <class V>
 struct MoeActs {
   V logits, probs, gates, send_gates;  // (BT, E) x2, (BT, k) x2
-  V xs, xr, fch, fch_gelu, yr, ys;     // (BT*k, C) ep only, (rows, C), (rows, Fl) x2, (rows, C), ep only
+  V xs, xr, fch, fch_gelu, yr,
+      ys;  // (BT*k, C) ep only, (rows, C), (rows, Fl) x2, (rows, C), ep only
 };
 template <class V, class F>
 void describe(MoeActs<V>& a, const ActShape& s, F&& f) {
   const std::int64_t sent = s.ep ? s.BT * s.k : 0;
-  f(a.logits, s.BT * s.E), f(a.probs, s.BT * s.E), f(a.gates, s.BT * s.k), f(a.send_gates, s.BT * s.k);
+  f(a.logits, s.BT * s.E), f(a.probs, s.BT * s.E), f(a.gates, s.BT * s.k),
+      f(a.send_gates, s.BT * s.k);
   f(a.xs, sent * s.C), f(a.xr, s.expert_rows * s.C), f(a.fch, s.expert_rows * s.Fl);
   f(a.fch_gelu, s.expert_rows * s.Fl), f(a.yr, s.expert_rows * s.C), f(a.ys, sent * s.C);
 }
@@ -92,15 +94,14 @@ void describe(MoeScratch<V>& a, const ActShape& s, F&& f) {
   f(a.dpre, s.expert_rows * s.Fl), f(a.dxr, s.expert_rows * s.C), f(a.dxs, sent * s.C);
 }
 
-
 // One block: res2 = x + attn(LN1(x)), res3 = res2 + mlp(LN2(res2)).
 template <class V, class S = V>
 struct BlockActs {
-  V ln1, qkv, atty;  // (BT, C) gathered, (BT, 3Cl), (BT, Cl)
-  S lse;             // (B, NHl, T)
-  V ln2;             // (BT, C) gathered
-  MlpActs<V> mlp;  // a dense block's
-  MoeActs<V> moe;  // a MoE block's
+  V ln1, qkv, atty;                          // (BT, C) gathered, (BT, 3Cl), (BT, Cl)
+  S lse;                                     // (B, NHl, T)
+  V ln2;                                     // (BT, C) gathered
+  MlpActs<V> mlp;                            // a dense block's
+  MoeActs<V> moe;                            // a MoE block's
   S ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;  // (R) each
   V res2, res3;                              // (R, C)
 };
@@ -142,11 +143,11 @@ void describe(InputActs<V>& a, const ActShape& s, F&& f) {
 // The head of the last stage: final LayerNorm, tied LM head, vocab-parallel cross-entropy.
 template <class V, class S = V>
 struct HeadActs {
-  V lnf;                  // (BT, C) gathered
-  S lnf_mean, lnf_rstd;   // (R), (R)
-  V logits;               // (BT, Vl)
-  S losses, row_max;      // (BT), (BT)
-  S sums;                 // (2, BT): sum of exponentials, target logit (reduced together)
+  V lnf;                 // (BT, C) gathered
+  S lnf_mean, lnf_rstd;  // (R), (R)
+  V logits;              // (BT, Vl)
+  S losses, row_max;     // (BT), (BT)
+  S sums;                // (2, BT): sum of exponentials, target logit (reduced together)
 };
 template <class V, class S, class F>
 void describe(HeadActs<V, S>& a, const ActShape& s, F&& f) {

@@ -22,9 +22,9 @@ ContextParallel::ContextParallel(Comm* cp, std::int64_t seq_len, bool zigzag)
   if (!comm_) return;
   const std::vector<int> pos = sequence_positions(pieces());
   positions_ = Kokkos::View<int*>("ptrain::cp_positions", pos.size());
-  Kokkos::deep_copy(positions_,
-                    Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                        pos.data(), pos.size()));
+  Kokkos::deep_copy(
+      positions_,
+      Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(pos.data(), pos.size()));
 }
 
 namespace {
@@ -61,21 +61,28 @@ struct Ring {
   const ContextParallel& cp;
   int B, NH, HS, Cl, L, C, next, prev;
   Ring(const ContextParallel& c, int B_, int NH_, int HS_)
-      : cp(c), B(B_), NH(NH_), HS(HS_), Cl(NH_ * HS_), L(c.local_len()), C(c.size()),
-        next((c.rank() + 1) % c.size()), prev((c.rank() + c.size() - 1) % c.size()) {}
+      : cp(c),
+        B(B_),
+        NH(NH_),
+        HS(HS_),
+        Cl(NH_ * HS_),
+        L(c.local_len()),
+        C(c.size()),
+        next((c.rank() + 1) % c.size()),
+        prev((c.rank() + c.size() - 1) % c.size()) {}
   std::int64_t rows() const { return std::int64_t(B) * L; }
   std::int64_t kv_numel() const { return rows() * 2 * Cl; }  // a packed K/V block (B, L, 2Cl)
   int owner(int step) const { return (cp.rank() + C - step) % C; }  // whose block at `step`
   // Columns [Cl, 3Cl) of qkv rows (K and V) [=] into a packed block, or back.
   template <class T>
   void pack_kv(K::Vec<T> kv, K::CVec<T> qkv) const {
-    K::copy_strided<T>(kv, {0, 0, std::size_t(2 * Cl)}, qkv, {std::size_t(Cl), 0, std::size_t(3 * Cl)},
-                       1, int(rows()), 2 * Cl);
+    K::copy_strided<T>(kv, {0, 0, std::size_t(2 * Cl)}, qkv,
+                       {std::size_t(Cl), 0, std::size_t(3 * Cl)}, 1, int(rows()), 2 * Cl);
   }
   template <class T>
   void unpack_kv(K::Vec<T> qkv, K::CVec<T> kv) const {
-    K::copy_strided<T>(qkv, {std::size_t(Cl), 0, std::size_t(3 * Cl)}, kv, {0, 0, std::size_t(2 * Cl)},
-                       1, int(rows()), 2 * Cl);
+    K::copy_strided<T>(qkv, {std::size_t(Cl), 0, std::size_t(3 * Cl)}, kv,
+                       {0, 0, std::size_t(2 * Cl)}, 1, int(rows()), 2 * Cl);
   }
   // Piece p of rows (B, L, width) [<->] a dense (B, p.len, width) buffer.
   K::Strided in_rows(const SeqPiece& p, int width) const {
@@ -109,7 +116,8 @@ void ring_attention_forward(const ContextParallel& cp, int B, int NH, int HS, K:
   // one call's lse
   const std::int64_t kv = ring.kv_numel(), acc = piece_numel(mine, B, Cl),
                      one = std::int64_t(B) * longest * Cl;
-  TrackedView<T> work(MemCategory::workspace, "ptrain::ring_attention", std::size_t(2 * kv + acc + one));
+  TrackedView<T> work(MemCategory::workspace, "ptrain::ring_attention",
+                      std::size_t(2 * kv + acc + one));
   TrackedView<A> stats(MemCategory::workspace, "ptrain::ring_attention_lse",
                        std::size_t(piece_numel(mine, B, NH) + std::int64_t(B) * longest * NH));
   const K::Vec<T> w = work.view();
@@ -197,11 +205,12 @@ void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS, K
   std::int64_t at = 5 * kv, at_lse = 0;
   for (const SeqPiece& p : mine) {
     const std::int64_t n = std::int64_t(B) * p.len * Cl;
-    PieceCopy c{slice(w, at, n), slice(w, at + n, n), slice(st, at_lse, std::int64_t(B) * NH * p.len)};
+    PieceCopy c{slice(w, at, n), slice(w, at + n, n),
+                slice(st, at_lse, std::int64_t(B) * NH * p.len)};
     K::copy_strided<T>(c.out, Ring::dense(p, Cl), out, ring.in_rows(p, Cl), B, p.len, Cl);
     K::copy_strided<T>(c.dout, Ring::dense(p, Cl), dout, ring.in_rows(p, Cl), B, p.len, Cl);
-    K::copy_strided<A>(c.lse, {0, std::size_t(p.len), 0}, lse, {std::size_t(p.local), std::size_t(L), 0},
-                       B * NH, 1, p.len);
+    K::copy_strided<A>(c.lse, {0, std::size_t(p.len), 0}, lse,
+                       {std::size_t(p.local), std::size_t(L), 0}, B * NH, 1, p.len);
     copies.push_back(c);
     at += 2 * n;
     at_lse += std::int64_t(B) * NH * p.len;
@@ -253,11 +262,11 @@ void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS, K
   sent[1].wait();
 }
 
-#define PTRAIN_RING_INSTANTIATE(T)                                                           \
-  template void ring_attention_forward<T>(const ContextParallel&, int, int, int, K::CVec<T>,   \
-                                          K::Vec<T>, K::Vec<accumulate_t<T>>);               \
-  template void ring_attention_backward<T>(const ContextParallel&, int, int, int, K::CVec<T>,  \
-                                           K::CVec<T>, K::CVec<accumulate_t<T>>, K::CVec<T>,   \
+#define PTRAIN_RING_INSTANTIATE(T)                                                            \
+  template void ring_attention_forward<T>(const ContextParallel&, int, int, int, K::CVec<T>,  \
+                                          K::Vec<T>, K::Vec<accumulate_t<T>>);                \
+  template void ring_attention_backward<T>(const ContextParallel&, int, int, int, K::CVec<T>, \
+                                           K::CVec<T>, K::CVec<accumulate_t<T>>, K::CVec<T>,  \
                                            K::Vec<T>);
 PTRAIN_RING_INSTANTIATE(float)
 PTRAIN_RING_INSTANTIATE(double)

@@ -1,5 +1,5 @@
-// model/context_parallel.hpp — context parallelism (docs/ARCHITECTURE.md, "The model"): each sequence
-// is cut over the cp group (model/layout.hpp's sequence_pieces: zigzag or contiguous), and
+// model/context_parallel.hpp — context parallelism (docs/ARCHITECTURE.md, "The model"): each
+// sequence is cut over the cp group (model/layout.hpp's sequence_pieces: zigzag or contiguous), and
 // attention becomes a ring. K/V blocks travel round the group in C-1 steps while each rank
 // attends its queries to the block it holds; the partial results are merged exactly with
 // the log-sum-exp. Causal masking is by global position: block pairs wholly in the future
@@ -12,8 +12,8 @@
 
 #include "comm/comm.hpp"
 #include "kernels/view.hpp"
-#include "util/precision.hpp"
 #include "model/layout.hpp"
+#include "util/precision.hpp"
 
 namespace ptrain::model {
 
@@ -51,14 +51,12 @@ class ContextParallel {
 // Attention of B samples over this rank's NH heads of size HS, on its local rows.
 // qkv: (B*L, 3*NH*HS), L = local_len; out: (B*L, NH*HS) [=]; lse: (B, NH, L) [=].
 template <class T>
-void ring_attention_forward(const ContextParallel& cp, int B, int NH, int HS,
-                            kernels::CVec<T> qkv, kernels::Vec<T> out,
-                            kernels::Vec<accumulate_t<T>> lse);
+void ring_attention_forward(const ContextParallel& cp, int B, int NH, int HS, kernels::CVec<T> qkv,
+                            kernels::Vec<T> out, kernels::Vec<accumulate_t<T>> lse);
 // dqkv: (B*L, 3*NH*HS) [=] from dout (B*L, NH*HS) and the forward's out and lse.
 template <class T>
-void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS,
-                             kernels::CVec<T> qkv, kernels::CVec<T> out,
-                             kernels::CVec<accumulate_t<T>> lse, kernels::CVec<T> dout,
-                             kernels::Vec<T> dqkv);
+void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS, kernels::CVec<T> qkv,
+                             kernels::CVec<T> out, kernels::CVec<accumulate_t<T>> lse,
+                             kernels::CVec<T> dout, kernels::Vec<T> dqkv);
 
 }  // namespace ptrain::model

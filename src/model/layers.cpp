@@ -107,7 +107,7 @@ void ColumnParallelLinear<P>::forward(const Ctx& c, Vec<T> x, Vec<T> y) const {
 
 template <class P>
 auto ColumnParallelLinear<P>::backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<T> dx,
-                                         Vec<T> rows) const -> Vec<T> {
+                                       Vec<T> rows) const -> Vec<T> {
   profile::region("matmul",
                   [&] { K::matmul_backward<T, G>(dx, dw, db, dy, x, w, int(c.BT), in, out); });
   const Vec<T> mine = c.tp->sp() ? rows : dx;
@@ -136,17 +136,15 @@ void RowParallelLinear<P>::backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> f
 template <class P>
 void Attention<P>::forward(const Ctx& c, CVec<T> qkv, Vec<T> out, Vec<A> lse) const {
   if (c.ring()) return ring_attention_forward<T>(*c.cp, c.B, NH, HS, qkv, out, lse);
-  profile::region("attention",
-                  [&] { K::attention_forward<T>(out, lse, qkv, c.B, c.S, NH, HS); });
+  profile::region("attention", [&] { K::attention_forward<T>(out, lse, qkv, c.B, c.S, NH, HS); });
 }
 
 template <class P>
 void Attention<P>::backward(const Ctx& c, CVec<T> qkv, CVec<T> out, CVec<A> lse, CVec<T> dout,
                             Vec<T> dqkv) const {
   if (c.ring()) return ring_attention_backward<T>(*c.cp, c.B, NH, HS, qkv, out, lse, dout, dqkv);
-  profile::region("attention", [&] {
-    K::attention_backward<T>(dqkv, dout, out, lse, qkv, c.B, c.S, NH, HS);
-  });
+  profile::region("attention",
+                  [&] { K::attention_backward<T>(dqkv, dout, out, lse, qkv, c.B, c.S, NH, HS); });
 }
 
 template <class P>
@@ -158,10 +156,9 @@ void MLP<P>::forward(const Ctx& c, Vec<T> x, const Acts& a, Vec<T> partial, Vec<
 
 template <class P>
 auto MLP<P>::backward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> dy, const Grads& g,
-                        Vec<T> full, Vec<T> dx, Vec<T> rows) const -> Vec<T> {
+                      Vec<T> full, Vec<T> dx, Vec<T> rows) const -> Vec<T> {
   proj.backward(c, a.fch_gelu, dy, full, g.dgelu);
-  profile::region("gelu",
-                  [&] { K::gelu_backward<T>(g.dfch, a.fch, g.dgelu, a.fch.extent(0)); });
+  profile::region("gelu", [&] { K::gelu_backward<T>(g.dfch, a.fch, g.dgelu, a.fch.extent(0)); });
   return fc.backward(c, x, g.dfch, dx, rows);
 }
 
@@ -172,8 +169,8 @@ void Embedding<P>::forward(const Ctx& c, K::IntVec tokens, Vec<T> partial, Vec<T
   const Vec<T> out = c.tp->sp() ? partial : x;
   const K::IntVec positions = c.cp ? c.cp->positions() : K::IntVec();
   profile::region("embedding", [&] {
-    K::encoder_forward<T>(out, tokens, positions, wte, c.tp->rank() == 0 ? wpe : Vec<T>(), c.B,
-                          c.S, C, v_begin, Vl);
+    K::encoder_forward<T>(out, tokens, positions, wte, c.tp->rank() == 0 ? wpe : Vec<T>(), c.B, c.S,
+                          C, v_begin, Vl);
   });
   c.tp->sum_to_rows(out, x);
 }
@@ -201,9 +198,8 @@ double Head<P>::forward(const Ctx& c, CVec<T> x, const Acts& a, K::IntVec target
     K::crossentropy_row_sumexp<T>(sumexp, target_logit, a.logits, a.row_max, targets, BT, shard);
   });
   c.tp->sum(a.sums);
-  profile::region("crossentropy", [&] {
-    K::crossentropy_loss<T>(a.losses, a.row_max, sumexp, target_logit, BT);
-  });
+  profile::region("crossentropy",
+                  [&] { K::crossentropy_loss<T>(a.losses, a.row_max, sumexp, target_logit, BT); });
   double sum = 0;
   const Vec<A> losses = a.losses;
   Kokkos::parallel_reduce(
@@ -270,24 +266,23 @@ void Block<P>::recompute(const Ctx& c, CVec<T> x, const Acts& a, Recompute mode,
   ln2.forward(c, a.res2, own_rows(c, a.ln2, C), a.ln2_mean, a.ln2_rstd);
   c.tp->gather_rows(a.ln2);
   if (!routing)
-    profile::region("gelu", [&] {
-      K::gelu_forward<T>(a.mlp.fch_gelu, a.mlp.fch, a.mlp.fch.extent(0));
-    });
+    profile::region("gelu",
+                    [&] { K::gelu_forward<T>(a.mlp.fch_gelu, a.mlp.fch, a.mlp.fch.extent(0)); });
 }
 
-#define PTRAIN_LAYERS_INSTANTIATE(T)                                                   \
-  template void TensorParallel::sum<T>(const Vec<T>&) const;                           \
-  template void TensorParallel::max<T>(const Vec<T>&) const;                           \
-  template void TensorParallel::sum_to_rows<T>(const Vec<T>&, const Vec<T>&) const;    \
-  template void TensorParallel::gather_rows<T>(const Vec<T>&) const;                   \
+#define PTRAIN_LAYERS_INSTANTIATE(T)                                                \
+  template void TensorParallel::sum<T>(const Vec<T>&) const;                        \
+  template void TensorParallel::max<T>(const Vec<T>&) const;                        \
+  template void TensorParallel::sum_to_rows<T>(const Vec<T>&, const Vec<T>&) const; \
+  template void TensorParallel::gather_rows<T>(const Vec<T>&) const;                \
   template Vec<T> own_rows<T>(const Ctx&, const Vec<T>&, std::int64_t);
 PTRAIN_LAYERS_INSTANTIATE(float)
 PTRAIN_LAYERS_INSTANTIATE(double)
 PTRAIN_LAYERS_INSTANTIATE(bf16)
 #undef PTRAIN_LAYERS_INSTANTIATE
 
-#define PTRAIN_LAYERS_INSTANTIATE(P) \
-  template struct LayerNorm<P>;      \
+#define PTRAIN_LAYERS_INSTANTIATE(P)       \
+  template struct LayerNorm<P>;            \
   template struct ColumnParallelLinear<P>; \
   template struct RowParallelLinear<P>;    \
   template struct Attention<P>;            \

@@ -3,10 +3,11 @@
 // and gradients (empty gradients for a forward-only use) and owns the tensor-parallel
 // collective it needs together with that collective's backward dual:
 //
-//   ColumnParallelLinear  forward: identity (SP: all-gather rows)  backward: all-reduce (SP: reduce-scatter)
-//   RowParallelLinear     forward: all-reduce (SP: reduce-scatter) backward: identity (SP: all-gather rows)
-//   Embedding             vocab-parallel rows, summed over tp like a row-parallel output
-//   Head                  tied LM head (column-parallel, no bias) + vocab-parallel cross-entropy
+//   ColumnParallelLinear  forward: identity (SP: all-gather rows)  backward: all-reduce (SP:
+//   reduce-scatter) RowParallelLinear     forward: all-reduce (SP: reduce-scatter) backward:
+//   identity (SP: all-gather rows) Embedding             vocab-parallel rows, summed over tp like a
+//   row-parallel output Head                  tied LM head (column-parallel, no bias) +
+//   vocab-parallel cross-entropy
 //
 // Shapes: BT tokens of the micro-batch (B samples of S positions), R = rows of the residual
 // stream kept on this rank (BT, or BT/tp with sequence parallelism, starting at row r0),
@@ -65,10 +66,16 @@ class TensorParallel {
 struct Ctx {
   const TensorParallel* tp;
   const ContextParallel* cp = nullptr;  // null: whole sequences here
-  int B = 0, S = 0;             // samples, positions per sample on this rank
+  int B = 0, S = 0;                     // samples, positions per sample on this rank
   std::int64_t BT = 0, R = 0, r0 = 0;
   Ctx(const TensorParallel& t, int B_, int S_, const ContextParallel* c = nullptr)
-      : tp(&t), cp(c), B(B_), S(S_), BT(std::int64_t(B_) * S_), R(t.rows(BT)), r0(t.first_row(BT)) {}
+      : tp(&t),
+        cp(c),
+        B(B_),
+        S(S_),
+        BT(std::int64_t(B_) * S_),
+        R(t.rows(BT)),
+        r0(t.first_row(BT)) {}
   bool ring() const { return cp && cp->active(); }  // attention over the cp ring
 };
 
@@ -83,7 +90,7 @@ Vec<T> own_rows(const Ctx& c, const Vec<T>& full, std::int64_t C);
 template <class P>
 struct LayerNorm {
   PTRAIN_POLICY_TYPES(P);
-  Vec<T> w, b;   // (C)
+  Vec<T> w, b;    // (C)
   Vec<G> dw, db;  // (C)
   int C = 0;
   // out, mean, rstd: (R, C), (R), (R) [=] LN(x (R, C)).
@@ -175,8 +182,8 @@ struct Head {
   // Returns the sum of the BT token losses.
   double forward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets) const;
   // dx (R, C) [=] the gradient of dloss * (sum of token losses); logits become dlogits.
-  void backward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets, A dloss,
-                Vec<T> dx, Vec<T> dln, Vec<T> rows, Vec<G> norm_scratch) const;
+  void backward(const Ctx& c, CVec<T> x, const Acts& a, kernels::IntVec targets, A dloss, Vec<T> dx,
+                Vec<T> dln, Vec<T> rows, Vec<G> norm_scratch) const;
 };
 
 // A pre-LayerNorm transformer block: LN, attention, LN, MLP slot (the dense MLP, or with

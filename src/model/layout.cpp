@@ -151,7 +151,8 @@ std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& co
   // Layers of global chunk g: parallel%pp_layers when the deck splits unevenly (one count per
   // global chunk, validated), else n_layer / chunks each.
   const auto& uneven = config.parallel.pp_layers;
-  const bool given = coord.P == config.parallel.pp && coord.P > 1 && !uneven.empty() && uneven[0] > 0;
+  const bool given =
+      coord.P == config.parallel.pp && coord.P > 1 && !uneven.empty() && uneven[0] > 0;
   PTRAIN_REQUIRE(given || d.L % n_chunks == 0, "model layout: n_layer = ", d.L,
                  " is not divisible by pp*virtual_stages = ", n_chunks);
   auto layers_of = [&](int g) { return given ? uneven[std::size_t(g)] : d.L / n_chunks; };
@@ -258,15 +259,14 @@ ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_
     const DescribedSizes kept = sizes_of<Block>(with_part(s, ActShape::kept)),
                          redone = sizes_of<Block>(with_part(s, ActShape::recomputed)),
                          scratch = sizes_of<Scratch<std::int64_t>>(s),
-                         head = has_head ? sizes_of<HeadActs<std::int64_t>>(s)
-                                         : DescribedSizes{};
+                         head = has_head ? sizes_of<HeadActs<std::int64_t>>(s) : DescribedSizes{};
     a.per_layer = std::max(a.per_layer, kept.values);
     a.per_layer_stats = std::max(a.per_layer_stats, kept.stats);
     a.scratch = std::max(a.scratch, scratch.values);
     a.scratch_grads = std::max(a.scratch_grads, scratch.grads);
     // one block's recomputed tensors, and for a rerun forward its tp partial sums (BT, C)
-    a.recompute = std::max(a.recompute,
-                           redone.values + (recompute == Recompute::full ? s.BT * s.C : 0));
+    a.recompute =
+        std::max(a.recompute, redone.values + (recompute == Recompute::full ? s.BT * s.C : 0));
     a.recompute_stats = std::max(a.recompute_stats, redone.stats);
     a.outside = sizes_of<InputActs<std::int64_t>>(s).values + head.values;
     a.outside_stats = head.stats;
@@ -288,7 +288,7 @@ namespace ptrain::model {
 std::vector<Unit> units_of(const ChunkLayout& chunk) {
   std::vector<Unit> units;
   for (const auto& t : chunk.tensors) {
-    const Unit::Kind kind = t.layer >= 0                                      ? Unit::block
+    const Unit::Kind kind = t.layer >= 0 ? Unit::block
                             : (t.name == "wte.weight" && !t.tied_copy) || t.name == "wpe.weight"
                                 ? Unit::embedding
                                 : Unit::head;

@@ -42,10 +42,10 @@ Dims dims_of(const Config& config);
 
 // Where a rank sits on the axes that shard the model.
 struct ShardCoord {
-  int t = 0, T = 1;  // tensor-parallel rank and size
-  int p = 0, P = 1;  // pipeline stage and count
-  int e = 0, E = 1;  // expert-parallel rank and size
-  int c = 0, C = 1;  // context-parallel rank and size
+  int t = 0, T = 1;       // tensor-parallel rank and size
+  int p = 0, P = 1;       // pipeline stage and count
+  int e = 0, E = 1;       // expert-parallel rank and size
+  int c = 0, C = 1;       // context-parallel rank and size
   bool cp_zigzag = true;  // parallel%cp_layout: zigzag (else contiguous)
   int virtual_stages = 1;
 };
@@ -86,8 +86,8 @@ struct TensorSpec {
   bool vocab_parallel = false;
   bool expert = false;  // split over ep; reduced over the expert-grad group, not dense-grad
   bool tp_replicated() const { return tp_dim < 0; }
-  int layer = -1;            // block index, -1 for embeddings and ln_f
-  bool tied_copy = false;    // the last stage's copy of wte (pipeline): not saved twice
+  int layer = -1;          // block index, -1 for embeddings and ln_f
+  bool tied_copy = false;  // the last stage's copy of wte (pipeline): not saved twice
 };
 
 // One model chunk (pipeline stage, or one virtual stage of it): its tensors laid out
@@ -158,7 +158,7 @@ namespace ptrain::model {
 // and ZeRO 2/3 reduce gradients one unit at a time.
 struct Unit {
   enum Kind { embedding, block, head } kind;
-  int layer = -1;              // block index for Kind::block
+  int layer = -1;               // block index for Kind::block
   std::int64_t lo = 0, hi = 0;  // flat range
 };
 std::vector<Unit> units_of(const ChunkLayout& chunk);

@@ -32,9 +32,11 @@ void to_device(const K::Vec<T>& v, const std::vector<U>& h) {
 }
 
 void to_device(Kokkos::View<int*>& v, const std::vector<int>& h) {
-  if (v.extent(0) < h.size()) v = Kokkos::View<int*>("ptrain::moe_rows", std::max<std::size_t>(h.size(), 1));
-  Kokkos::deep_copy(Kokkos::subview(v, Kokkos::make_pair(std::size_t(0), h.size())),
-                    Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()));
+  if (v.extent(0) < h.size())
+    v = Kokkos::View<int*>("ptrain::moe_rows", std::max<std::size_t>(h.size(), 1));
+  Kokkos::deep_copy(
+      Kokkos::subview(v, Kokkos::make_pair(std::size_t(0), h.size())),
+      Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()));
 }
 
 // The k largest of p[0..E), highest first, ties to the lower index.
@@ -201,7 +203,8 @@ void MoE<P>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Ve
   exchange(r, xs, a.xr, true);
   for_each_segment(r, [&](int l, std::int64_t at, int n) {
     profile::region("matmul", [&] {
-      K::matmul_forward<T>(slice(a.fch, at * Fl, std::int64_t(n) * Fl), slice(a.xr, at * C, std::int64_t(n) * C),
+      K::matmul_forward<T>(slice(a.fch, at * Fl, std::int64_t(n) * Fl),
+                           slice(a.xr, at * C, std::int64_t(n) * C),
                            slice(fc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C),
                            slice(fc_b, std::int64_t(l) * Fl, Fl), n, C, Fl);
     });
@@ -210,16 +213,17 @@ void MoE<P>::forward(const Ctx& c, K::Vec<T> x, const Acts& a, Routing& r, K::Ve
                          slice(a.fch, at * Fl, std::int64_t(n) * Fl), std::size_t(n) * Fl);
     });
     profile::region("matmul", [&] {
-      K::matmul_forward<T>(slice(a.yr, at * C, std::int64_t(n) * C), slice(a.fch_gelu, at * Fl, std::int64_t(n) * Fl),
+      K::matmul_forward<T>(slice(a.yr, at * C, std::int64_t(n) * C),
+                           slice(a.fch_gelu, at * Fl, std::int64_t(n) * Fl),
                            slice(proj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl),
-                           c.tp->rank() == 0 ? slice(proj_b, std::int64_t(l) * C, C) : K::Vec<T>(), n, Fl, C);
+                           c.tp->rank() == 0 ? slice(proj_b, std::int64_t(l) * C, C) : K::Vec<T>(),
+                           n, Fl, C);
     });
   });
   exchange(r, a.yr, ys, false);
   const K::Vec<T> out = c.tp->sp() ? partial : y;
-  profile::region("moe-combine", [&] {
-    K::combine_rows<T>(out, ys, r.rows_dev, a.gates, BT, k, C, false);
-  });
+  profile::region("moe-combine",
+                  [&] { K::combine_rows<T>(out, ys, r.rows_dev, a.gates, BT, k, C, false); });
   c.tp->sum_to_rows(out, y);
 }
 
@@ -247,23 +251,24 @@ auto MoE<P>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Routing& 
     const auto rowsC = [&](const K::Vec<T>& v) { return slice(v, at * C, std::int64_t(n) * C); };
     const auto rowsF = [&](const K::Vec<T>& v) { return slice(v, at * Fl, std::int64_t(n) * Fl); };
     profile::region("matmul", [&] {
-      K::matmul_backward<T, G>(rowsF(g.dh), slice(dproj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl),
-                            slice(dproj_b, std::int64_t(l) * C, C), rowsC(g.dyr), rowsF(a.fch_gelu),
-                            slice(proj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl), n, Fl, C);
+      K::matmul_backward<T, G>(
+          rowsF(g.dh), slice(dproj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl),
+          slice(dproj_b, std::int64_t(l) * C, C), rowsC(g.dyr), rowsF(a.fch_gelu),
+          slice(proj_w, std::int64_t(l) * C * Fl, std::int64_t(C) * Fl), n, Fl, C);
     });
     profile::region("gelu", [&] {
       K::gelu_backward<T>(rowsF(g.dpre), rowsF(a.fch), rowsF(g.dh), std::size_t(n) * Fl);
     });
     profile::region("matmul", [&] {
-      K::matmul_backward<T, G>(rowsC(g.dxr), slice(dfc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C),
-                            slice(dfc_b, std::int64_t(l) * Fl, Fl), rowsF(g.dpre), rowsC(a.xr),
-                            slice(fc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C), n, C, Fl);
+      K::matmul_backward<T, G>(
+          rowsC(g.dxr), slice(dfc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C),
+          slice(dfc_b, std::int64_t(l) * Fl, Fl), rowsF(g.dpre), rowsC(a.xr),
+          slice(fc_w, std::int64_t(l) * Fl * C, std::int64_t(Fl) * C), n, C, Fl);
     });
   });
   exchange(r, g.dxr, dxs, false);
-  profile::region("moe-combine", [&] {
-    K::combine_rows<T>(dx, dxs, r.rows_dev, K::CVec<T>(), BT, k, C, false);
-  });
+  profile::region("moe-combine",
+                  [&] { K::combine_rows<T>(dx, dxs, r.rows_dev, K::CVec<T>(), BT, k, C, false); });
 
   // The router: the gates' gradient through their renormalisation, plus aux's
   // d(aux)/d(p_te) = aux_coef * E * f_e / N for every token (f is not differentiated).
@@ -278,7 +283,8 @@ auto MoE<P>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Routing& 
     double s = 0, dot = 0;
     for (int j = 0; j < k; ++j) s += p[std::size_t(t) * E + std::size_t(chosen[j])];
     for (int j = 0; j < k; ++j)
-      dot += dg[std::size_t(t) * k + std::size_t(j)] * p[std::size_t(t) * E + std::size_t(chosen[j])] / s;
+      dot += dg[std::size_t(t) * k + std::size_t(j)] *
+             p[std::size_t(t) * E + std::size_t(chosen[j])] / s;
     for (int j = 0; j < k; ++j) d[chosen[j]] += (dg[std::size_t(t) * k + std::size_t(j)] - dot) / s;
   }
   to_device(g.dprobs, dp);
@@ -286,8 +292,8 @@ auto MoE<P>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Routing& 
     K::softmax_rows_backward<T>(g.dlogits, a.probs, g.dprobs, BT, E);
     // Every tp rank computes the same router gradient; d(x) through the router is added
     // once, by tp rank 0, before the experts' partial sums are reduced.
-    K::matmul_backward<T, G>(c.tp->rank() == 0 ? dx : K::Vec<T>(), drouter, K::Vec<G>(), g.dlogits, x,
-                          router, BT, C, E, /*accumulate_dinp=*/true);
+    K::matmul_backward<T, G>(c.tp->rank() == 0 ? dx : K::Vec<T>(), drouter, K::Vec<G>(), g.dlogits,
+                             x, router, BT, C, E, /*accumulate_dinp=*/true);
   });
   const K::Vec<T> mine = c.tp->sp() ? rows : dx;
   c.tp->sum_to_rows(dx, mine);
@@ -299,7 +305,8 @@ auto MoE<P>::backward(const Ctx& c, K::CVec<T> x, const Acts& a, const Routing& 
 template <class P>
 void MoE<P>::exchange(const Routing& r, K::Vec<T> from, K::Vec<T> to, bool to_experts) const {
   if (!ep || ep->size() == 1) return;
-  const std::vector<int> sent = per_rank(r.send_counts, El, C), got = per_rank(r.recv_counts, El, C);
+  const std::vector<int> sent = per_rank(r.send_counts, El, C),
+                         got = per_rank(r.recv_counts, El, C);
   ep->all_to_allv(from.data(), to_experts ? sent : got, to.data(), to_experts ? got : sent).wait();
 }
 

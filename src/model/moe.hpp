@@ -8,9 +8,10 @@
 // expert index, and an expert's capacity ceil(capacity_factor * top_k * N / E) over the N
 // tokens of the micro-batch is filled in token order (sample, then sequence position; a
 // token's choices in gate order). A token past capacity contributes nothing for that choice
-// (it passes the residual); evaluation forwards are dropless. Tokens travel to the ep rank that owns their expert and back with
-// all-to-all(v) over the ep group; with context parallelism the micro-batch's tokens are
-// spread over the cp group, which takes part in the capacity order and in f and P.
+// (it passes the residual); evaluation forwards are dropless. Tokens travel to the ep rank that
+// owns their expert and back with all-to-all(v) over the ep group; with context parallelism the
+// micro-batch's tokens are spread over the cp group, which takes part in the capacity order and in
+// f and P.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,14 +29,14 @@ struct Ctx;
 // backward. Rows are in "send order": by destination ep rank, then its local expert, then
 // token order.
 struct Routing {
-  std::vector<int> expert;  // (BT, k) the chosen experts, in gate order
-  std::vector<int> row;     // (BT, k) send row of each choice, -1 when dropped
-  std::vector<int> send_token;  // (rows sent) the token of each send row
+  std::vector<int> expert;                    // (BT, k) the chosen experts, in gate order
+  std::vector<int> row;                       // (BT, k) send row of each choice, -1 when dropped
+  std::vector<int> send_token;                // (rows sent) the token of each send row
   std::vector<int> send_counts, recv_counts;  // (ep * El): rows per (rank, local expert)
-  std::vector<double> f;  // (E) share of the micro-batch's token choices that picked e
-  double aux = 0;         // this micro-batch's load-balancing loss, aux_loss_coef included
+  std::vector<double> f;           // (E) share of the micro-batch's token choices that picked e
+  double aux = 0;                  // this micro-batch's load-balancing loss, aux_loss_coef included
   std::vector<std::int64_t> load;  // (E) choices kept per expert, among this rank's tokens
-  std::int64_t dropped = 0, choices = 0;  // among this rank's tokens
+  std::int64_t dropped = 0, choices = 0;        // among this rank's tokens
   Kokkos::View<int*> rows_dev, send_token_dev;  // row and send_token on the device
 };
 

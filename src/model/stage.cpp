@@ -145,8 +145,8 @@ Stage<P>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
                                        std::size_t(sizes_.recompute_stats));
   const std::int64_t kept = sizes_.kept(layout_.n_layers),
                      kept_stats = sizes_.kept_stats(layout_.n_layers);
-  acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
-                         std::size_t(kept * slots));
+  acts_ =
+      TrackedView<T>(MemCategory::activations, "ptrain::activations", std::size_t(kept * slots));
   stats_ = TrackedView<A>(MemCategory::activations, "ptrain::activation_statistics",
                           std::size_t(kept_stats * slots));
   scratch_ = TrackedView<T>(MemCategory::workspace, "ptrain::backward_scratch",
@@ -183,14 +183,16 @@ auto Stage<P>::carve(int slot, const Ctx& c) const -> Acts {
     block_shape.recompute = recompute_;
     const ActShape kept = with_part(block_shape, ActShape::kept),
                    redone = with_part(block_shape, ActShape::recomputed);
-    a.blocks.push_back(Carver<P>{slice(all, n * l, n), slice(all_stats, ns * l, ns)}
-                           .template take<BlockA>(kept));
+    a.blocks.push_back(
+        Carver<P>{slice(all, n * l, n), slice(all_stats, ns * l, ns)}.template take<BlockA>(kept));
     if (recompute_ == Recompute::none) continue;
     // Every block's recomputed tensors share one workspace: used by one block at a time.
-    auto work = Carver<P>{recomputed_.view(), recomputed_stats_.view()}.template take<BlockA>(redone);
+    auto work =
+        Carver<P>{recomputed_.view(), recomputed_stats_.view()}.template take<BlockA>(redone);
     take_missing(a.blocks.back(), kept, work, redone);
   }
-  Carver<P> outside{slice(all, n * L, sizes_.outside), slice(all_stats, ns * L, sizes_.outside_stats)};
+  Carver<P> outside{slice(all, n * L, sizes_.outside),
+                    slice(all_stats, ns * L, sizes_.outside_stats)};
   a.in = outside.template take<InputActs<K::Vec<T>>>(shape);
   if (layout_.has_head) a.head = outside.template take<typename Head<P>::Acts>(shape);
   if (layout_.has_embedding) a.tokens = slice<int>(s.tokens, 0, c.BT);
@@ -202,9 +204,9 @@ auto Stage<P>::carve(int slot, const Ctx& c) const -> Acts {
 // (first), the only part a block hands to the next.
 template <class P>
 auto Stage<P>::carve_scratch(const Ctx& c, bool moe) const -> typename Block<P>::Grads {
-  auto g = Carver<P>{scratch_.view(), {}, scratch_grads_.view()}
-               .template take<typename Block<P>::Grads>(
-                   act_shape(dims_, coord_, c.B, c.S, tp_.sp(), moe));
+  auto g =
+      Carver<P>{scratch_.view(), {}, scratch_grads_.view()}.template take<typename Block<P>::Grads>(
+          act_shape(dims_, coord_, c.B, c.S, tp_.sp(), moe));
   g.dres = slice(g.dres, 0, c.R * dims_.C);
   return g;
 }
@@ -225,18 +227,26 @@ Block<P> Stage<P>::block(int unit, const K::Vec<T>& w, const K::Vec<G>& g) const
   const int C = int(dims_.C), Cl = int(dims_.C / coord_.T), Fl = int(dims_.F / coord_.T);
   Block<P> b;
   b.ln1 = {p("ln_1.weight"), p("ln_1.bias"), d("ln_1.weight"), d("ln_1.bias"), C};
-  b.qkv = {p("attn.qkv.weight"), p("attn.qkv.bias"), d("attn.qkv.weight"), d("attn.qkv.bias"),
-           C, 3 * Cl};
+  b.qkv = {p("attn.qkv.weight"),
+           p("attn.qkv.bias"),
+           d("attn.qkv.weight"),
+           d("attn.qkv.bias"),
+           C,
+           3 * Cl};
   b.attn = {int(dims_.NH / coord_.T), int(dims_.HS)};
-  b.proj = {p("attn.proj.weight"), p("attn.proj.bias"), d("attn.proj.weight"), d("attn.proj.bias"),
-            Cl, C};
+  b.proj = {p("attn.proj.weight"),
+            p("attn.proj.bias"),
+            d("attn.proj.weight"),
+            d("attn.proj.bias"),
+            Cl,
+            C};
   b.ln2 = {p("ln_2.weight"), p("ln_2.bias"), d("ln_2.weight"), d("ln_2.bias"), C};
   if (is_moe(units_[std::size_t(unit)].layer - int(layout_.first_layer))) {
     set_moe(b, unit, w, g);
   } else {
     b.mlp.fc = {p("mlp.fc.weight"), p("mlp.fc.bias"), d("mlp.fc.weight"), d("mlp.fc.bias"), C, Fl};
-    b.mlp.proj = {p("mlp.proj.weight"), p("mlp.proj.bias"), d("mlp.proj.weight"),
-                  d("mlp.proj.bias"), Fl, C};
+    b.mlp.proj = {
+        p("mlp.proj.weight"), p("mlp.proj.bias"), d("mlp.proj.weight"), d("mlp.proj.bias"), Fl, C};
   }
   return b;
 }
@@ -248,8 +258,10 @@ void Stage<P>::set_moe(Block<P>& b, int unit, const K::Vec<T>& w, const K::Vec<G
   auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<G>(); };
   MoE<P>& m = b.moe;
   m.router = p("router.weight"), m.drouter = d("router.weight");
-  m.fc_w = p("fc.weight"), m.fc_b = p("fc.bias"), m.proj_w = p("proj.weight"), m.proj_b = p("proj.bias");
-  m.dfc_w = d("fc.weight"), m.dfc_b = d("fc.bias"), m.dproj_w = d("proj.weight"), m.dproj_b = d("proj.bias");
+  m.fc_w = p("fc.weight"), m.fc_b = p("fc.bias"), m.proj_w = p("proj.weight"),
+  m.proj_b = p("proj.bias");
+  m.dfc_w = d("fc.weight"), m.dfc_b = d("fc.bias"), m.dproj_w = d("proj.weight"),
+  m.dproj_b = d("proj.bias");
   m.C = int(dims_.C), m.Fl = int(dims_.F / coord_.T), m.E = int(dims_.n_expert);
   m.El = int(dims_.n_expert / coord_.E), m.k = int(dims_.top_k);
   m.capacity_factor = dims_.capacity_factor, m.aux_coef = dims_.aux_loss_coef;
@@ -261,8 +273,13 @@ template <class P>
 Embedding<P> Stage<P>::embedding(const K::Vec<T>& w, const K::Vec<G>& g) const {
   const int Vl = int(dims_.Vpad / coord_.T);
   auto d = [&](const char* n) { return g.data() ? tensor(g, u_emb_, n) : K::Vec<G>(); };
-  return {tensor(w, u_emb_, "wte.weight"), tensor(w, u_emb_, "wpe.weight"), d("wte.weight"),
-          d("wpe.weight"), int(dims_.C), coord_.t * Vl, Vl};
+  return {tensor(w, u_emb_, "wte.weight"),
+          tensor(w, u_emb_, "wpe.weight"),
+          d("wte.weight"),
+          d("wpe.weight"),
+          int(dims_.C),
+          coord_.t * Vl,
+          Vl};
 }
 
 template <class P>
@@ -286,7 +303,8 @@ double Stage<P>::forward(int slot, const MicroBatch& mb, bool for_backward) {
   const Ctx c(tp_, mb.B, S_, &cp_);
   using Host = Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
   static_assert(sizeof(int) == sizeof(std::int32_t));
-  if (layout_.has_embedding) Kokkos::deep_copy(slice<int>(s.tokens, 0, c.BT), Host(mb.inputs, c.BT));
+  if (layout_.has_embedding)
+    Kokkos::deep_copy(slice<int>(s.tokens, 0, c.BT), Host(mb.inputs, c.BT));
   if (layout_.has_head) Kokkos::deep_copy(slice<int>(s.targets, 0, c.BT), Host(mb.targets, c.BT));
   const Acts a = carve(slot, c);
   // tp partial sums before their reduction: the backward's scratch is free in a forward.

@@ -34,7 +34,7 @@ class ParamStore {
   PTRAIN_POLICY_TYPES(P);
   virtual ~ParamStore() = default;
   virtual kernels::Vec<T> params(int unit, Phase phase) = 0;  // ready to read
-  virtual void release_params(int unit) {}  // not needed again until the next params()
+  virtual void release_params(int unit) {}      // not needed again until the next params()
   virtual kernels::Vec<G> grads(int unit) = 0;  // where the unit's gradients accumulate
   virtual void grads_done(int unit) {}          // this micro-batch's unit gradients are final
 };
@@ -82,9 +82,9 @@ class Stage {
   // rank's tensor-parallel shard and `tp` the group it reduces over. With coord.C > 1 it
   // holds coord.c's share of each sequence (inputs, targets and activations are of
   // seq_len / C positions) and `cp` is the ring its attention runs on.
-  Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
-        int micro_batch, int slots = 1, ParamStore<P>* store = nullptr, Comm* tp = nullptr,
-        Comm* cp = nullptr, Comm* ep = nullptr);
+  Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout, int micro_batch,
+        int slots = 1, ParamStore<P>* store = nullptr, Comm* tp = nullptr, Comm* cp = nullptr,
+        Comm* ep = nullptr);
 
   const Dims& dims() const { return dims_; }
   const ChunkLayout& layout() const { return layout_; }
@@ -111,8 +111,8 @@ class Stage {
   void backward(int slot, A dloss, kernels::CVec<T> dout = {});
 
   kernels::Vec<T> input(int slot, int B) const;  // (R, C) for a micro-batch of B samples
-  kernels::Vec<T> output(int slot) const;         // (R, C) of the slot's micro-batch
-  kernels::Vec<T> input_grad() const;      // (R, C) of the last backward
+  kernels::Vec<T> output(int slot) const;        // (R, C) of the slot's micro-batch
+  kernels::Vec<T> input_grad() const;            // (R, C) of the last backward
 
   // Mixture of experts, summed over the training forwards since the last call, per block
   // of the chunk (dense blocks stay empty): the load-balancing losses (aux_loss_coef
@@ -156,17 +156,17 @@ class Stage {
   int micro_batch_ = 0, last_B_ = 0;              // capacity; B of the last backward
   ActivationSizes sizes_;                         // per slot, at capacity
   TensorParallel tp_;
-  ContextParallel cp_;  // this rank's share of each sequence
-  int S_ = 0;           // positions per sample here: seq_len / C
-  Comm* ep_ = nullptr;  // expert parallelism (MoE blocks)
+  ContextParallel cp_;    // this rank's share of each sequence
+  int S_ = 0;             // positions per sample here: seq_len / C
+  Comm* ep_ = nullptr;    // expert parallelism (MoE blocks)
   double aux_scale_ = 1;  // d(objective)/d(a micro-batch's aux loss)
   Recompute recompute_ = Recompute::none;
   std::vector<MoeStats> moe_stats_;
   std::unique_ptr<ResidentStore<P>> own_store_;
   ParamStore<P>* store_ = nullptr;
   std::vector<Slot> slots_;
-  TrackedView<T> acts_, scratch_;  // every slot's activations; the backward's scratch
-  TrackedView<T> recomputed_;      // one block's recomputed activations (train%recompute)
+  TrackedView<T> acts_, scratch_;            // every slot's activations; the backward's scratch
+  TrackedView<T> recomputed_;                // one block's recomputed activations (train%recompute)
   TrackedView<A> stats_, recomputed_stats_;  // their statistics, in the accumulate type
   TrackedView<G> scratch_grads_;             // the backward's LayerNorm gradient scratch
 };

@@ -158,7 +158,7 @@ void AdamW<T>::step_with(const typename Optimizer<T>::View& params,
   // One launch per run of equally decayed elements (merged segments: few and long).
   for (const auto& seg : this->segments_)
     detail::adamw_update<T, G>(params, grads, m_.view(), v_.view(), seg.begin, seg.end,
-                            seg.decay ? c.keep : T(1), c);
+                               seg.decay ? c.keep : T(1), c);
 }
 
 template <class T>
@@ -180,7 +180,7 @@ void SGD<T>::step_with(const typename Optimizer<T>::View& params,
   const T keep = T(1.0 - lr * this->hyper_.weight_decay);
   for (const auto& seg : this->segments_)
     detail::sgd_update<T, G>(params, grads, seg.begin, seg.end, seg.decay ? keep : T(1), T(lr),
-                          T(grad_scale));
+                             T(grad_scale));
 }
 
 template <class T>
@@ -199,8 +199,8 @@ void SGD<T>::step(const typename Optimizer<T>::View& params,
   step_with(params, grads, lr, grad_scale);
 }
 template <class T>
-void SGD<T>::step(const typename Optimizer<T>::View& params,
-                  const Kokkos::View<const bf16*>& grads, double lr, double grad_scale) {
+void SGD<T>::step(const typename Optimizer<T>::View& params, const Kokkos::View<const bf16*>& grads,
+                  double lr, double grad_scale) {
   step_with(params, grads, lr, grad_scale);
 }
 
@@ -220,11 +220,11 @@ double clip_factor(double global_norm, double max_norm) {
   return max_norm / (global_norm + 1e-6);
 }
 
-#define PTRAIN_OPTIM_INSTANTIATE(T)                                                             \
-  template class Optimizer<T>;                                                                  \
-  template class AdamW<T>;                                                                      \
-  template class SGD<T>;                                                                        \
-  template std::unique_ptr<Optimizer<T>> make_optimizer<T>(                                     \
+#define PTRAIN_OPTIM_INSTANTIATE(T)                         \
+  template class Optimizer<T>;                              \
+  template class AdamW<T>;                                  \
+  template class SGD<T>;                                    \
+  template std::unique_ptr<Optimizer<T>> make_optimizer<T>( \
       const std::string&, const std::vector<Segment>&, std::size_t, std::size_t, const Hyper&);
 PTRAIN_OPTIM_INSTANTIATE(float)
 PTRAIN_OPTIM_INSTANTIATE(double)

@@ -74,8 +74,7 @@ ShardMap::Cut ShardMap::cut(const Run& run, std::int64_t a, std::int64_t b) cons
 }
 
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
-                                      double bucket_mb, std::size_t grad_bytes,
-                                      int expert_group) {
+                                      double bucket_mb, std::size_t grad_bytes, int expert_group) {
   DataParallelSizes s;
   const ShardMap map(layout, D, 0, expert_group, 0);
   s.numel = layout.numel;
@@ -90,8 +89,7 @@ DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, i
   s.params = zero >= 3 ? s.shard : whole + (zero >= 1 ? packed : 0);
   s.grads = zero >= 2 ? s.shard : whole + (zero == 1 ? packed : 0);
   s.optimizer_range = zero >= 1 ? s.shard : s.numel;
-  s.bucket =
-      std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / double(grad_bytes)));
+  s.bucket = std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / double(grad_bytes)));
   // ZeRO 2: gradient windows and their receive buffers; ZeRO 3: parameter windows too.
   s.comm_grads = zero >= 2 ? 2 * windows : 0;
   s.comm_params = zero == 3 ? windows : 0;
@@ -448,8 +446,8 @@ DataParallel<P>::DataParallel(const Config& config, Comm& group, const model::Ch
   }
   store_ = std::make_unique<Store>(*this, layout);
   if constexpr (!P::uniform)
-    masters_ = TrackedView<M>(MemCategory::optimizer, "ptrain::master_weights",
-                              std::size_t(update_size_));
+    masters_ =
+        TrackedView<M>(MemCategory::optimizer, "ptrain::master_weights", std::size_t(update_size_));
 }
 
 template <class P>
@@ -492,8 +490,8 @@ void DataParallel<P>::init_weights(std::uint64_t seed) {
   // above (model::init_range rounds through fp32).
   if constexpr (!P::uniform)
     for (const auto& p : update_pieces_)
-      model::init_range(layout_, dims_, seed,
-                        slice(masters_.view(), p.at, p.at + p.hi - p.lo), p.lo);
+      model::init_range(layout_, dims_, seed, slice(masters_.view(), p.at, p.at + p.hi - p.lo),
+                        p.lo);
   store_->invalidate_params();
 }
 

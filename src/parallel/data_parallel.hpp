@@ -1,7 +1,7 @@
 // parallel/data_parallel.hpp — data parallelism and ZeRO over the dense-grad group
-// (docs/ARCHITECTURE.md, "Where each parallel axis lives"). The flat buffer of N elements is split in D equal shards,
-// rank r owning [r*S, (r+1)*S); with experts split over ep, the expert tensors are sharded
-// separately over the expert-grad group (ShardMap) and "shard" means both parts.
+// (docs/ARCHITECTURE.md, "Where each parallel axis lives"). The flat buffer of N elements is split
+// in D equal shards, rank r owning [r*S, (r+1)*S); with experts split over ep, the expert tensors
+// are sharded separately over the expert-grad group (ShardMap) and "shard" means both parts.
 //
 //   ZeRO 0  whole params and grads; buckets of the gradient buffer (bucket_mb, in reverse
 //           layer order) are all-reduced as soon as the backward of the last micro-batch
@@ -83,13 +83,13 @@ struct ShardMap {
 // source of both the real buffers and `ptrain --plan`. `expert_group` is the expert-grad
 // group's size when experts are split over ep (0 otherwise).
 struct DataParallelSizes {
-  std::int64_t numel = 0;                                   // N, the chunk's flat size
-  std::int64_t shard = 0;                                   // owned storage (S without ep)
+  std::int64_t numel = 0;  // N, the chunk's flat size
+  std::int64_t shard = 0;  // owned storage (S without ep)
   std::int64_t whole = 0;  // a whole buffer: padded to D*S without ep (in-place all-gather)
   std::int64_t params = 0, grads = 0, optimizer_range = 0;  // elements
   std::int64_t comm_grads = 0;   // gradient windows and their receive buffers (grad type)
   std::int64_t comm_params = 0;  // parameter windows (compute type)
-  std::int64_t bucket = 0;  // ZeRO 0/1 all-reduce bucket, elements
+  std::int64_t bucket = 0;       // ZeRO 0/1 all-reduce bucket, elements
 };
 // `grad_bytes` sizes the buckets (bucket_mb of gradients).
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,

@@ -4,8 +4,8 @@
 
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
-#include "util/trace.hpp"
 #include "util/timer.hpp"
+#include "util/trace.hpp"
 
 namespace ptrain::parallel {
 
@@ -173,9 +173,15 @@ double PipelineExecutor<P>::train(const MicroBatches& mbs, A dloss) {
     const Op& op = ops_[i];
     const int B = mbs.samples(op.mb);
     switch (op.kind) {
-      case OpKind::recv_act: post_recv(false, op.mb, op.chunk, op.peer, B); break;
-      case OpKind::recv_grad: post_recv(true, op.mb, op.chunk, op.peer, B); break;
-      case OpKind::forward: forward(op.mb, op.chunk, mbs, true); break;
+      case OpKind::recv_act:
+        post_recv(false, op.mb, op.chunk, op.peer, B);
+        break;
+      case OpKind::recv_grad:
+        post_recv(true, op.mb, op.chunk, op.peer, B);
+        break;
+      case OpKind::forward:
+        forward(op.mb, op.chunk, mbs, true);
+        break;
       case OpKind::send_act: {
         const int slot = slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)];
         send(false, op.mb, op.chunk, op.peer, chunks_[std::size_t(op.chunk)].stage->output(slot));

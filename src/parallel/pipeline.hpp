@@ -74,12 +74,12 @@ class PipelineExecutor {
   std::vector<Chunk> chunks_;
   OpList ops_;
   int P_ = 1, rank_ = 0, micro_batch_ = 0;
-  std::vector<std::vector<int>> slot_of_;   // [chunk][mb] -> activation slot, -1: none
+  std::vector<std::vector<int>> slot_of_;     // [chunk][mb] -> activation slot, -1: none
   std::vector<std::vector<int>> free_slots_;  // per chunk
   std::vector<int> last_backward_;            // per chunk, its last backward's op index
-  std::vector<TrackedView<T>> buffers_;     // message buffers, reused
+  std::vector<TrackedView<T>> buffers_;       // message buffers, reused
   std::vector<int> free_buffers_;
-  std::map<int, Message> recvs_;            // by tag
+  std::map<int, Message> recvs_;  // by tag
   std::vector<Message> sends_;
   std::vector<double> losses_;  // per micro-batch
   double t_forward_ = 0, t_backward_ = 0;

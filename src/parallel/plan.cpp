@@ -212,7 +212,8 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   // state here, or (ZeRO) its share of the shards of the group it is reduced over (the
   // expert-grad group when experts are split over ep).
   const int zero = int(config.parallel.zero);
-  const double D = double(config.parallel.ep > 1 ? expert_grad_size(config) : dense_grad_size(config)),
+  const double D = double(config.parallel.ep > 1 ? expert_grad_size(config)
+                                                 : dense_grad_size(config)),
                experts = double(est.expert_params);
   est.expert_param_bytes = experts * w / (zero >= 3 ? D : 1.0);
   est.expert_grad_bytes = experts * wg / (zero >= 2 ? D : 1.0);
@@ -243,9 +244,8 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   // not a tracked allocation, and on a GPU in on-chip shared memory.)
   // A bf16 gemm's fp32 panels (kernels/gemm.hpp) are held while it runs, never during the
   // ring's attention: the larger of the two.
-  est.bytes[idx(MemCategory::workspace)] +=
-      std::max(estimate_ring(config).workspace,
-               double(kernels::gemm_workspace_bytes(policy.compute)));
+  est.bytes[idx(MemCategory::workspace)] += std::max(
+      estimate_ring(config).workspace, double(kernels::gemm_workspace_bytes(policy.compute)));
 
   // A pipeline's message buffers, each one stage input (R rows of d_model), and on a chunk
   // with wte but not both ends, the whole-tensor buffer its gradient is summed in.
@@ -303,7 +303,7 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
                        const MemoryEstimate& mem, const ShardFacts& f, double m, double w,
                        double wg) {
   const int zero = int(config.parallel.zero);
-  const double emb = f.embedding_bytes;  // compute type
+  const double emb = f.embedding_bytes;       // compute type
   auto dp_volume = [&](double N, double D) {  // N elements
     const double G = N * wg, S = N * w;
     switch (zero) {
@@ -767,10 +767,11 @@ std::string schedule_picture(const Config& config) {
   const ScheduleKind kind = schedule_kind(config.parallel.pp_schedule);
   const auto lists = make_schedule(kind, P, m, v);
   const auto timing = simulate_schedule(lists, P, m, v);
-  std::string r = cat("pipeline schedule '", config.parallel.pp_schedule, "', p = ", P, ", v = ", v,
-                      ", m = ", m, m == deck_m ? "" : cat(" (an example: this deck has m = ", deck_m, ")"),
-                      "; F<mb> forward, B<mb> backward (two cells), .. waiting; simulated bubble ",
-                      fixed("%.1f%%", 100 * timing.bubble), ":\n");
+  std::string r =
+      cat("pipeline schedule '", config.parallel.pp_schedule, "', p = ", P, ", v = ", v,
+          ", m = ", m, m == deck_m ? "" : cat(" (an example: this deck has m = ", deck_m, ")"),
+          "; F<mb> forward, B<mb> backward (two cells), .. waiting; simulated bubble ",
+          fixed("%.1f%%", 100 * timing.bubble), ":\n");
   std::string picture = format_schedule(lists, P, m, v);
   while (!picture.empty() && picture.back() == '\n') picture.pop_back();
   std::size_t at = 0;
@@ -878,8 +879,8 @@ std::string model_section(const Config& config, const Layout& layout) {
            "  (6*N + 12*L*d_model*seq_len, N = parameters less wpe; fwd + bwd)"));
   const std::int64_t m = micro_batches_per_step(config);
   const double tokens = double(config.train.global_batch) * double(d.S);
-  line(cat("step: ", config.train.global_batch, " samples = ", fixed("%.0f", tokens),
-           " tokens, ", m, " micro-batch(es) of ", config.train.micro_batch, " per rank, ",
+  line(cat("step: ", config.train.global_batch, " samples = ", fixed("%.0f", tokens), " tokens, ",
+           m, " micro-batch(es) of ", config.train.micro_batch, " per rank, ",
            fixed("%.4g", fpt * tokens), " FLOPs"));
   if (par.pp > 1) {
     line(cat("pipeline bubble: ", fixed("%.1f%%", 100 * pipeline_bubble(config)),
@@ -940,17 +941,17 @@ std::string memory_section(const Config& config, const Layout& layout, double bu
         const std::string fit = fit_words(mem.total(), budget);
         line(fit.empty() ? std::string(row) : cat(row, "   ", fit));
       }
-  line(cat("  (ZeRO ", par.zero, " over the dense-grad group of ", dense_grad_size(config),
-           " ranks",
-           par.ep > 1 ? cat(", the experts over the expert-grad group of ", expert_grad_size(config))
-                      : std::string(),
-           "; activations for ",
-           par.pp == 1 ? std::string("1 micro-batch")
-                       : cat("the micro-batches in flight under ", par.pp_schedule),
-           par.cp > 1 ? cat("; workspace includes ring attention's backward buffers, ",
-                            format_bytes(estimate_ring(config).workspace))
-                      : std::string(),
-           ")"));
+  line(
+      cat("  (ZeRO ", par.zero, " over the dense-grad group of ", dense_grad_size(config), " ranks",
+          par.ep > 1 ? cat(", the experts over the expert-grad group of ", expert_grad_size(config))
+                     : std::string(),
+          "; activations for ",
+          par.pp == 1 ? std::string("1 micro-batch")
+                      : cat("the micro-batches in flight under ", par.pp_schedule),
+          par.cp > 1 ? cat("; workspace includes ring attention's backward buffers, ",
+                           format_bytes(estimate_ring(config).workspace))
+                     : std::string(),
+          ")"));
   line("");
   return r;
 }
@@ -1061,9 +1062,9 @@ std::string comm_section(const Config& config, const Layout& layout) {
 }  // namespace
 
 std::string plan_report(const Config& config, const Layout& layout, const FitOptions& fit) {
-  std::string r = cat("plan for ", config.deck_path, " on ", layout.world(), " ranks (",
-                      layout.num_nodes(), " nodes, ", layout.max_ranks_per_node(),
-                      " ranks per node)\n\n", layout.describe(), "\n");
+  std::string r =
+      cat("plan for ", config.deck_path, " on ", layout.world(), " ranks (", layout.num_nodes(),
+          " nodes, ", layout.max_ranks_per_node(), " ranks per node)\n\n", layout.describe(), "\n");
   const MemoryBudget budget = memory_budget(config, fit, layout.max_ranks_per_node());
   return r + model_section(config, layout) + memory_section(config, layout, budget.bytes) +
          fit_section(config, layout, budget, fit.bandwidth) + comm_section(config, layout);

@@ -62,7 +62,8 @@ std::string keep_rows_before(const std::string& path, std::int64_t first_step) {
     std::ofstream out(tmp, std::ios::trunc);
     out << header << '\n';
     while (std::getline(in, line))
-      if (!line.empty() && std::strtoll(line.c_str(), nullptr, 10) < first_step) out << line << '\n';
+      if (!line.empty() && std::strtoll(line.c_str(), nullptr, 10) < first_step)
+        out << line << '\n';
     if (!out.flush()) throw Error(cat("cannot write '", tmp, "'"));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(cat("cannot replace '", path, "'"));
@@ -103,9 +104,9 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
   for (std::size_t i = 0; i < traffic_.size(); ++i)
     if (traffic_[i].used || i == kDenseGrad) groups_.push_back(i);
   if (log::rank() != 0) return;
-  columns_ = {"step",        "loss", "val_loss",       "lr",     "grad_norm", "tokens_per_s",
-              "gflops",      "mfu",  "peak_mem_bytes", "t_step", "t_forward", "t_backward",
-              "t_optimizer", "eta_s",  "skipped"};
+  columns_ = {"step",        "loss",  "val_loss",       "lr",     "grad_norm", "tokens_per_s",
+              "gflops",      "mfu",   "peak_mem_bytes", "t_step", "t_forward", "t_backward",
+              "t_optimizer", "eta_s", "skipped"};
   if (config.parallel.pp > 1)
     columns_.insert(columns_.end(), {"bubble", "bubble_model", "bubble_theory"});
   if (config.model.n_expert > 0) {
@@ -184,29 +185,29 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
   const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
                      r.step == config_.run.steps || !std::isnan(val_loss) || r.skipped;
   if (!print) return;
-  log::info(cat("step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
-                fixed("%.4f", r.loss),
-                std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)),
-                " | lr ", fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ",
-                fixed("%.0f", tok_s), " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ",
-                fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
-                fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
-                fixed("%.3f", r.t_optimizer), " s", comm_text,
-                config_.model.n_expert > 0
-                    ? cat(" | moe aux ", fixed("%.4f", r.aux_loss), ", dropped ",
-                          fixed("%.1f%%", 100 * r.moe_dropped), ", expert load ",
-                          fixed("%.2f", r.moe_load_min), "-", fixed("%.2f", r.moe_load_max), " of mean")
-                    : std::string(),
-                config_.parallel.pp > 1
-                    ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble), " (schedule at these stage times ",
-                          fixed("%.1f%%", 100 * r.bubble_model), ", equal stages ",
-                          fixed("%.1f%%", 100 * bubble_theory_), ")")
-                    : std::string(),
-                " | ETA ", format_duration(eta),
-                r.skipped ? " | SKIPPED: not finite, update dropped (train%nonfinite)" : ""));
+  log::info(
+      cat("step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
+          fixed("%.4f", r.loss),
+          std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)), " | lr ",
+          fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ", fixed("%.0f", tok_s),
+          " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ", fixed("%.1f%%", 100 * mfu),
+          " | mem ", format_bytes(mem), " | fwd ", fixed("%.3f", r.t_forward), " bwd ",
+          fixed("%.3f", r.t_backward), " opt ", fixed("%.3f", r.t_optimizer), " s", comm_text,
+          config_.model.n_expert > 0
+              ? cat(" | moe aux ", fixed("%.4f", r.aux_loss), ", dropped ",
+                    fixed("%.1f%%", 100 * r.moe_dropped), ", expert load ",
+                    fixed("%.2f", r.moe_load_min), "-", fixed("%.2f", r.moe_load_max), " of mean")
+              : std::string(),
+          config_.parallel.pp > 1
+              ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble),
+                    " (schedule at these stage times ", fixed("%.1f%%", 100 * r.bubble_model),
+                    ", equal stages ", fixed("%.1f%%", 100 * bubble_theory_), ")")
+              : std::string(),
+          " | ETA ", format_duration(eta),
+          r.skipped ? " | SKIPPED: not finite, update dropped (train%nonfinite)" : ""));
   if (!moe_text.empty())
-    log::info(cat("step ", fixed("%5.0f", double(r.step)), " | expert loads min/mean/max tokens: ",
-                  moe_text));
+    log::info(cat("step ", fixed("%5.0f", double(r.step)),
+                  " | expert loads min/mean/max tokens: ", moe_text));
 }
 
 std::string bench_report(double step_seconds, std::int64_t steps) {

@@ -45,8 +45,8 @@ class RunLog {
   const Config& config_;
   std::int64_t first_step_;
   double peak_, flops_per_token_, bubble_theory_;  // (p-1)/(v*m+p-1)
-  std::vector<std::size_t> groups_;   // rows of the comm table with columns
-  std::vector<std::string> columns_;  // of log.csv, in its order
+  std::vector<std::size_t> groups_;                // rows of the comm table with columns
+  std::vector<std::string> columns_;               // of log.csv, in its order
   std::vector<GroupTraffic> traffic_;
   std::ofstream csv_;
 };

@@ -311,8 +311,8 @@ int awaited_message(const Op& op, int g, const Shape& s) {
 }
 
 // t_forward[r], t_backward[r]: one forward and one backward on rank r.
-Replay replay(const std::vector<OpList>& lists, const Shape& s, const std::vector<double>& t_forward,
-              const std::vector<double>& t_backward) {
+Replay replay(const std::vector<OpList>& lists, const Shape& s,
+              const std::vector<double>& t_forward, const std::vector<double>& t_backward) {
   Replay rp;
   rp.next.assign(std::size_t(s.P), 0);
   for (const OpList& ops : lists) rp.start.emplace_back(ops.size(), 0.0);
@@ -478,7 +478,8 @@ ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m,
 
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
                                  double t_forward, double t_backward) {
-  return simulate_schedule(lists, P, m, v, std::vector<double>(std::size_t(std::max(P, 0)), t_forward),
+  return simulate_schedule(lists, P, m, v,
+                           std::vector<double>(std::size_t(std::max(P, 0)), t_forward),
                            std::vector<double>(std::size_t(std::max(P, 0)), t_backward));
 }
 

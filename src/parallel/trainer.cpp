@@ -70,9 +70,10 @@ void check_supported(const Config& c) {
       kExitInput);
 #else
   if (c.backend.device == "cuda")
-    throw Error("backend%device = 'cuda': this ptrain was built without CUDA (configure with "
-                "-DPTRAIN_ENABLE_CUDA=ON)",
-                kExitInput);
+    throw Error(
+        "backend%device = 'cuda': this ptrain was built without CUDA (configure with "
+        "-DPTRAIN_ENABLE_CUDA=ON)",
+        kExitInput);
 #endif
   no(c.backend.device != "cpu", "backend%device other than 'cpu'");
 }
@@ -152,7 +153,8 @@ std::pair<std::int64_t, std::int64_t> Trainer<P>::my_slice(std::int64_t n) const
 }
 
 template <class P>
-model::MicroBatch Trainer<P>::fetch(data::Split split, std::int64_t step, std::int64_t first, int B) {
+model::MicroBatch Trainer<P>::fetch(data::Split split, std::int64_t step, std::int64_t first,
+                                    int B) {
   profile::region("data", [&] {
     data::fetch(*data_, split, step, first, B, inputs_.data(), targets_.data(), positions_);
   });
@@ -202,8 +204,9 @@ void Trainer<P>::moe_summary(StepResult& r) {
       for (std::size_t e = 0; e < stats[l].load.size(); ++e) x[3 + e] += double(stats[l].load[e]);
     }
   }
-  mpi::check(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM, grid_.cart()),
-             "trainer: MPI_Allreduce (expert statistics)");
+  mpi::check(
+      MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM, grid_.cart()),
+      "trainer: MPI_Allreduce (expert statistics)");
   double aux = 0, dropped = 0, choices = 0, lo = 0, hi = 0;
   bool first = true;
   for (std::int64_t l = 0; l < L; ++l) {
@@ -239,9 +242,9 @@ void Trainer<P>::measure_bubble(StepResult& r, double pp_wait_seconds) {
   const double ops = double(micro_batches_) * v;  // forwards (and backwards) on this rank
   double mine[2] = {r.t_forward / ops, r.t_backward / ops};
   std::vector<double> times(2 * std::size_t(stages));
-  mpi::check(MPI_Allgather(mine, 2, MPI_DOUBLE, times.data(), 2, MPI_DOUBLE,
-                           grid_.comm(GroupKind::pp)),
-             "trainer: MPI_Allgather (stage times)");
+  mpi::check(
+      MPI_Allgather(mine, 2, MPI_DOUBLE, times.data(), 2, MPI_DOUBLE, grid_.comm(GroupKind::pp)),
+      "trainer: MPI_Allgather (stage times)");
   std::vector<double> tf(std::size_t(stages), 0.0), tb(std::size_t(stages), 0.0);
   for (int k = 0; k < stages; ++k) {
     tf[std::size_t(k)] = times[2 * std::size_t(k)];

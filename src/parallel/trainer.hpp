@@ -27,7 +27,7 @@ struct StepResult {
   std::int64_t tokens = 0;                                            // in the global batch
   // Traffic per group is read from the comm table around the step (parallel/report.hpp).
   double comm_overlap = 1;  // dense-grad bytes reduced before the end of the backward
-  bool skipped = false;  // non-finite loss or norm, update dropped (train%nonfinite = 'skip')
+  bool skipped = false;     // non-finite loss or norm, update dropped (train%nonfinite = 'skip')
   // Pipeline: time waiting on pipeline neighbours (pp waits) over the step time, the
   // largest of any rank; 0 without a pipeline.
   double bubble = 0;
@@ -94,7 +94,7 @@ class Trainer {
   const Grid& grid_;
   MpiComm dense_grad_, tp_, pp_, cp_, ep_;  // gradient reduction; tp, pp, cp and ep groups
   MpiComm expert_grad_;                     // expert gradients (experts split over ep)
-  Communicator ends_comm_;                // the tied embedding's two ends (pipeline)
+  Communicator ends_comm_;                  // the tied embedding's two ends (pipeline)
   std::unique_ptr<MpiComm> ends_;
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;

@@ -39,8 +39,8 @@ class Error : public std::runtime_error {
 };
 
 // Throws Error(cat(args...)) when cond is false.
-#define PTRAIN_REQUIRE(cond, ...)                         \
-  do {                                                    \
+#define PTRAIN_REQUIRE(cond, ...)                                   \
+  do {                                                              \
     if (!(cond)) throw ::ptrain::Error(::ptrain::cat(__VA_ARGS__)); \
   } while (0)
 

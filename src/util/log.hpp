@@ -10,8 +10,8 @@ namespace ptrain::log {
 void set_rank(int world_rank);  // called once after MPI_Init
 int rank();
 
-void info(const std::string& line);     // rank 0 only, to stdout
-void warn(const std::string& line);     // rank 0 only, "warning: ..." to stderr
+void info(const std::string& line);            // rank 0 only, to stdout
+void warn(const std::string& line);            // rank 0 only, "warning: ..." to stderr
 void error_any_rank(const std::string& line);  // any rank, "[rank N] error: ..." to stderr
 
 }  // namespace ptrain::log

@@ -17,13 +17,20 @@ namespace ptrain {
 
 const char* to_string(MemCategory c) {
   switch (c) {
-    case MemCategory::params: return "params";
-    case MemCategory::grads: return "grads";
-    case MemCategory::optimizer: return "optimizer";
-    case MemCategory::activations: return "activations";
-    case MemCategory::comm: return "comm";
-    case MemCategory::workspace: return "workspace";
-    case MemCategory::count: break;
+    case MemCategory::params:
+      return "params";
+    case MemCategory::grads:
+      return "grads";
+    case MemCategory::optimizer:
+      return "optimizer";
+    case MemCategory::activations:
+      return "activations";
+    case MemCategory::comm:
+      return "comm";
+    case MemCategory::workspace:
+      return "workspace";
+    case MemCategory::count:
+      break;
   }
   return "?";
 }

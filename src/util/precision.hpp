@@ -23,9 +23,12 @@ enum class Precision { fp64, fp32, bf16 };
 // "fp64", "fp32", "bf16": the deck's spelling.
 inline const char* to_string(Precision p) {
   switch (p) {
-    case Precision::fp64: return "fp64";
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
+    case Precision::fp64:
+      return "fp64";
+    case Precision::fp32:
+      return "fp32";
+    case Precision::bf16:
+      return "bf16";
   }
   return "?";
 }
@@ -67,15 +70,15 @@ template <class T>
 using Uniform = Types<T, T, T>;  // every buffer in T
 using Fp64 = Uniform<double>;    // the reference
 using Fp32 = Uniform<float>;
-using Bf16 = Types<bf16, float, float>;         // bf16 compute, fp32 gradients and masters
-using Bf16Grads = Types<bf16, bf16, float>;     // parallel%grad_dtype = 'bf16'
+using Bf16 = Types<bf16, float, float>;      // bf16 compute, fp32 gradients and masters
+using Bf16Grads = Types<bf16, bf16, float>;  // parallel%grad_dtype = 'bf16'
 
 // The names a class templated on a policy P uses: T (compute), G (grad), M (master) and A,
 // the accumulate type of T.
-#define PTRAIN_POLICY_TYPES(P)                    \
-  using T = typename P::compute;                  \
-  using G = typename P::grad;                     \
-  using M = typename P::master;                   \
+#define PTRAIN_POLICY_TYPES(P)   \
+  using T = typename P::compute; \
+  using G = typename P::grad;    \
+  using M = typename P::master;  \
   using A = ::ptrain::accumulate_t<typename P::compute>
 
 // The Precision of an element type.
