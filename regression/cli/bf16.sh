@@ -3,7 +3,8 @@
 #  - input/tiny.nml in bf16 tracks the fp32 run: the loss at the last step within 2% (and
 #    input/shakespeare.nml over its first 40 steps, when ../shared/data has the text);
 #  - parallel%grad_dtype = 'bf16' on 2 data-parallel ranks halves bytes_dense_grad in log.csv
-#    and keeps the last loss within 1% of the fp32-gradient run;
+#    and keeps the last loss within 1% of the fp32-gradient run; parallel%wire_dtype = 'bf16'
+#    (ZeRO 2) moves the reduce-scatter in bf16, the same within 1%;
 #  - a bf16 checkpoint holds fp32 masters (ckpt_tool.py verify passes): it resumes as bf16 bit
 #    for bit, and as fp32 from the same masters (its final.h5 equals the checkpoint's weights
 #    exactly); an fp32 checkpoint resumes as bf16;
@@ -59,6 +60,18 @@ awk -v a="$b16" -v b="$b32" 'BEGIN { exit !(b > 0 && a > 0.49 * b && a < 0.51 * 
 l32=$(col g32 loss) l16=$(col g16 loss)
 echo "last loss: fp32 gradients $l32, bf16 gradients $l16"
 within "$l16" "$l32" 0.01 || fail "grad_dtype='bf16': last loss $l16 not within 1% of $l32"
+
+# The bf16 wire (ZeRO 2, m = 1 micro-batch a step): the reduce-scatter moves bf16 instead of
+# fp32, the parameter all-gather bf16 either way: (D-1)/D N (2 + 2) bytes against (4 + 2).
+run 2 w32 "$deck" "${g[@]}" --set parallel%zero=2
+run 2 w16 "$deck" "${g[@]}" --set parallel%zero=2 --set parallel%wire_dtype="'bf16'"
+b32=$(col w32 bytes_dense_grad) b16=$(col w16 bytes_dense_grad)
+echo "bytes_dense_grad per step, ZeRO 2: fp32 wire $b32, bf16 wire $b16"
+awk -v a="$b16" -v b="$b32" 'BEGIN { exit !(b > 0 && a > 0.66 * b && a < 0.67 * b) }' ||
+  fail "wire_dtype='bf16': bytes_dense_grad $b16 is not 4/6 of $b32"
+l32=$(col w32 loss) l16=$(col w16 loss)
+echo "last loss: fp32 wire $l32, bf16 wire $l16"
+within "$l16" "$l32" 0.01 || fail "wire_dtype='bf16': last loss $l16 not within 1% of $l32"
 
 # 3. Checkpoints hold the fp32 masters.
 c=(--set run%eval_every=0 --set run%log_every=1 --set backend%peak_gflops=100)

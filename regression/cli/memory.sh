@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The memory model against the allocator (issue 15): a small GPT (d_model 128, 4 layers,
-# seq_len 128) trains 2 steps on seventeen grid / recompute / ZeRO / precision combinations of 1,
-# 2 and 4 ranks (two of them MoE with experts sharded over their own group, five in bf16);
+# seq_len 128) trains 2 steps on eighteen grid / recompute / ZeRO / precision combinations of 1,
+# 2 and 4 ranks (two of them MoE with experts sharded over their own group, six in bf16);
 # the run's last log line gives rank 0's measured peak of every category with --plan's
 # prediction beside it. The table is printed; a category whose measured peak is over 1 MiB
 # must be within 5% of the prediction. Then: a run that will not fit stops before step 1 with
@@ -29,6 +29,7 @@ cases=(
   "1|bf16|--set model%dtype='bf16'"
   "2|bf16 dp2 zero1 full|--set model%dtype='bf16' --set parallel%zero=1 --set train%recompute='full'"
   "2|bf16 grads dp2 zero3|--set model%dtype='bf16' --set parallel%grad_dtype='bf16' --set parallel%zero=3"
+  "2|bf16 wire dp2 zero2|--set model%dtype='bf16' --set parallel%wire_dtype='bf16' --set parallel%zero=2"
   "2|bf16 tp2 sp|--set model%dtype='bf16' --set parallel%tp=2 --set parallel%sequence_parallel=.true."
   "2|bf16 cp2|--set model%dtype='bf16' --set parallel%cp=2"
 )

@@ -659,6 +659,14 @@ TEST(DeckValidate, CrossFieldErrors) {
       {1, [](Config& c) { c.parallel.grad_dtype = "bf16"; },
        "parallel%grad_dtype = 'bf16' needs model%dtype = 'bf16' (got 'fp32'); leave it 'auto' for "
        "an fp32 model"},
+      {1, [](Config& c) { c.parallel.wire_dtype = "bf16"; },
+       "parallel%wire_dtype = 'bf16' needs model%dtype = 'bf16' (got 'fp32')"},
+      {1,
+       [](Config& c) {
+         c.model.dtype = "bf16", c.parallel.wire_dtype = "bf16", c.parallel.zero = 1;
+       },
+       "parallel%wire_dtype = 'bf16' needs parallel%zero >= 2 (got 1): the bf16 wire is ZeRO 2/3's "
+       "reduce-scatter, summed in fp32 where it arrives; ZeRO 0/1 all-reduce in the gradient type"},
       {1, [](Config& c) { c.model.dtype = "fp64", c.parallel.grad_dtype = "fp32"; },
        "parallel%grad_dtype = 'fp32' needs model%dtype = 'bf16' (got 'fp64'); leave it 'auto' for "
        "an fp64 model"},

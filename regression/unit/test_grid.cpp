@@ -106,8 +106,8 @@ std::set<Axis> free_axes(GroupKind g) {
       return {Axis::d, Axis::c};
     case GroupKind::batch:
       return {Axis::d, Axis::e};
-    case GroupKind::embed:
-      return {Axis::p};
+    case GroupKind::embed:  // the dense-grad groups of the first and the last stage
+      return {Axis::d, Axis::e, Axis::c, Axis::p};
   }
   return {};
 }
@@ -134,9 +134,9 @@ std::vector<int> brute_members(const GridShape& s, const std::vector<Coords>& co
 }
 
 int expected_group_size(const GridShape& s, GroupKind g) {
-  if (g == GroupKind::embed) return std::min(2, s.size[ix(Axis::p)]);
   int n = 1;
-  for (Axis a : free_axes(g)) n *= s.size[ix(a)];
+  for (Axis a : free_axes(g))
+    n *= g == GroupKind::embed && a == Axis::p ? std::min(2, s.size[ix(a)]) : s.size[ix(a)];
   return n;
 }
 
@@ -305,7 +305,7 @@ TEST(Layout, NodeMappingAtScale) {
                        {GroupKind::dense_grad, 16, 32, 16},
                        {GroupKind::expert_grad, 16, 32, 16},
                        {GroupKind::batch, 16, 32, 16},
-                       {GroupKind::embed, 2, 64, 2}};
+                       {GroupKind::embed, 32, 4, 32}};
   const std::vector<GroupReport> reps = layout.reports();
   ASSERT_EQ(reps.size(), std::size(want));
   for (std::size_t i = 0; i < reps.size(); ++i) {

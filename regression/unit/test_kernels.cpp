@@ -580,6 +580,21 @@ TEST(KernelsBf16, ElementwiseRoundOnce) {
   EXPECT_DOUBLE_EQ(sum_of_squares<bf16>(dev<bf16>({1.5, -2.0})), 6.25);
 }
 
+// The receiving side of the bf16 wire: D blocks summed in fp32, block by block, then added.
+TEST(KernelsBf16, BlockSumAddsInFp32InBlockOrder) {
+  const int D = 5, n = 301;
+  const HVec blocks = bf16_rounded(random_vec(std::size_t(D) * n, 96, -3, 3));
+  const HVec dst0 = random_vec(n, 97);
+  auto dst = dev<float>(dst0);
+  add_block_sum(dst, dev<bf16>(blocks), D);
+  const HVec got = host(dst);
+  for (int i = 0; i < n; ++i) {
+    float s = 0;
+    for (int q = 0; q < D; ++q) s += float(blocks[std::size_t(q) * n + std::size_t(i)]);
+    ASSERT_EQ(got[std::size_t(i)], double(float(dst0[std::size_t(i)]) + s)) << i;
+  }
+}
+
 TEST(KernelsBf16, LinearGradientsInFp32OrBf16) {
   const int N = 67, C = 40, OC = 24;
   const HVec inp = bf16_rounded(random_vec(N * C, 62)), w = bf16_rounded(random_vec(OC * C, 63));

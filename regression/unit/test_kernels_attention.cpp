@@ -16,8 +16,8 @@
 #include "kernels/attention.hpp"
 #include "test_support.hpp"
 #include "util/bf16.hpp"
+#include "util/element_types.hpp"
 #include "util/error.hpp"
-#include "util/precision.hpp"
 
 using namespace ptrain;
 using namespace ptrain::kernels;

@@ -233,6 +233,15 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   if (g != "auto" && g != m.dtype && !(g == "fp32" && m.dtype == "bf16"))
     ck.fail(cat("parallel%grad_dtype = ", q(g), " needs model%dtype = 'bf16' (got ", q(m.dtype),
                 "); leave it 'auto' for an ", m.dtype, " model"));
+  if (c.parallel.wire_dtype == "bf16") {
+    ck.require(
+        m.dtype == "bf16",
+        cat("parallel%wire_dtype = 'bf16' needs model%dtype = 'bf16' (got ", q(m.dtype), ")"));
+    ck.require(c.parallel.zero >= 2,
+               cat("parallel%wire_dtype = 'bf16' needs parallel%zero >= 2 (got ", c.parallel.zero,
+                   "): the bf16 wire is ZeRO 2/3's reduce-scatter, summed in fp32 where it "
+                   "arrives; ZeRO 0/1 all-reduce in the gradient type"));
+  }
 }
 
 }  // namespace
@@ -245,7 +254,7 @@ PrecisionPolicy precision_policy(const Config& c) {
   p.compute = parse(c.model.dtype);
   p.master = p.compute == Precision::bf16 ? Precision::fp32 : p.compute;
   p.grad = c.parallel.grad_dtype == "auto" ? p.master : parse(c.parallel.grad_dtype);
-  p.wire = p.grad;
+  p.wire = c.parallel.wire_dtype == "bf16" ? Precision::bf16 : p.grad;
   return p;
 }
 

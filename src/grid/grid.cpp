@@ -115,11 +115,12 @@ Grid::Grid(MPI_Comm world, const GridShape& shape, bool strict_topology,
     const GroupKind kind = static_cast<GroupKind>(g);
     MPI_Comm sub = MPI_COMM_NULL;
     if (kind == GroupKind::embed) {
-      // First and last pipeline stage with the same t, c, e, d; named by the first stage's rank.
+      // The first and the last pipeline stage with the same t, named by their lowest rank,
+      // in world-rank order (the layout's group ranks).
       Coords first = coords_;
-      first[static_cast<int>(Axis::p)] = 0;
+      for (Axis a : group_axes(kind)) first[static_cast<int>(a)] = 0;
       const int color = layout_.in_group(kind, world_rank_) ? layout_.rank(first) : MPI_UNDEFINED;
-      mpi::check(MPI_Comm_split(cart, color, coord(Axis::p), &sub), "grid: MPI_Comm_split (embed)");
+      mpi::check(MPI_Comm_split(cart, color, world_rank_, &sub), "grid: MPI_Comm_split (embed)");
     } else {
       const std::vector<Axis> axes = group_axes(kind);
       int remain[kNumAxes];

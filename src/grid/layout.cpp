@@ -30,10 +30,9 @@ const char* group_name(GroupKind g) {
 }
 
 std::string group_axes_text(GroupKind g) {
-  if (g == GroupKind::embed) return "p (first+last)";
   std::string text;
   for (Axis a : group_axes(g)) text += (text.empty() ? "" : ",") + std::string(axis_name(a));
-  return text;
+  return g == GroupKind::embed ? text + " (first+last stage)" : text;
 }
 
 std::vector<Axis> group_axes(GroupKind g) {
@@ -54,8 +53,8 @@ std::vector<Axis> group_axes(GroupKind g) {
       return {Axis::d, Axis::c};
     case GroupKind::batch:
       return {Axis::d, Axis::e};
-    case GroupKind::embed:
-      return {Axis::p};
+    case GroupKind::embed:  // the dense-grad groups of the first and the last stage
+      return {Axis::d, Axis::e, Axis::c, Axis::p};
   }
   throw Error(cat("unknown group kind ", static_cast<int>(g)));
 }
@@ -192,50 +191,45 @@ bool Layout::in_group(GroupKind g, int r) const {
 }
 
 int Layout::group_size(GroupKind g) const {
-  if (g == GroupKind::embed) return std::min(axis_size(shape_, Axis::p), 2);
   int n = 1;
-  for (Axis a : group_axes(g)) n *= axis_size(shape_, a);
+  for (Axis a : group_axes(g)) n *= group_axis_size(g, a);
   return n;
+}
+
+// The values axis a takes in group g: its size, but 2 (or 1) along p for the embed group,
+// which holds only the first and the last stage.
+int Layout::group_axis_size(GroupKind g, Axis a) const {
+  const int n = axis_size(shape_, a);
+  return g == GroupKind::embed && a == Axis::p ? std::min(n, 2) : n;
 }
 
 int Layout::group_rank(GroupKind g, int r) const {
   const Coords c = coords(r);
-  if (g == GroupKind::embed) {
-    if (!in_group(g, r)) return -1;
-    return c[static_cast<int>(Axis::p)] == 0 ? 0 : 1;
-  }
-  // Row-major over the group's axes in grid order, fastest first: the order of world ranks.
+  if (!in_group(g, r)) return -1;
+  // Row-major over the group's axes in grid order, fastest first: the order of world ranks
+  // (the embed group's last stage counts as p index 1).
   const std::vector<Axis> axes = group_axes(g);
   int gr = 0, stride = 1;
   for (Axis a : shape_.order) {
     if (std::find(axes.begin(), axes.end(), a) == axes.end()) continue;
-    gr += c[static_cast<int>(a)] * stride;
-    stride *= axis_size(shape_, a);
+    const int x = c[static_cast<int>(a)];
+    gr += (g == GroupKind::embed && a == Axis::p ? (x == 0 ? 0 : 1) : x) * stride;
+    stride *= group_axis_size(g, a);
   }
   return gr;
 }
 
 std::vector<int> Layout::members(GroupKind g, int r) const {
+  if (!in_group(g, r)) return {};
   Coords c = coords(r);
-  const int ip = static_cast<int>(Axis::p);
-  if (g == GroupKind::embed) {
-    if (!in_group(g, r)) return {};
-    std::vector<int> m;
-    c[ip] = 0;
-    m.push_back(rank(c));
-    if (shape_.size[ip] > 1) {
-      c[ip] = shape_.size[ip] - 1;
-      m.push_back(rank(c));
-    }
-    return m;
-  }
-  // Odometer over the group's axes.
+  // Odometer over the group's axes (the embed group skips the stages between the ends).
   const std::vector<Axis> axes = group_axes(g);
   for (Axis a : axes) c[static_cast<int>(a)] = 0;
   std::vector<int> m;
   m.reserve(static_cast<std::size_t>(group_size(g)));
   while (true) {
-    m.push_back(rank(c));
+    const int q = rank(c);
+    if (in_group(g, q)) m.push_back(q);
     std::size_t k = 0;
     for (; k < axes.size(); ++k) {
       int& x = c[static_cast<int>(axes[k])];
@@ -265,10 +259,7 @@ std::vector<GroupReport> Layout::reports() const {
     for (int r = 0; r < world(); ++r) {
       if (!in_group(g, r)) continue;
       Coords c = coords(r);
-      if (g == GroupKind::embed)
-        c[static_cast<int>(Axis::p)] = 0;
-      else
-        for (Axis a : group_axes(g)) c[static_cast<int>(a)] = 0;
+      for (Axis a : group_axes(g)) c[static_cast<int>(a)] = 0;
       const int leader = rank(c);
       if (leader == r) ++count;
       nodes_of_instance[static_cast<std::size_t>(leader)].push_back(node(r));

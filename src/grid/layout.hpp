@@ -20,9 +20,12 @@ using Coords = std::array<int, kNumAxes>;
 
 enum class GroupKind : int { tp, cp, ep, dp, pp, dense_grad, expert_grad, batch, embed };
 constexpr int kNumGroupKinds = 9;
-const char* group_name(GroupKind g);        // "tp", "dense-grad", ...
-std::vector<Axis> group_axes(GroupKind g);  // the axes its members differ in (embed: p)
-std::string group_axes_text(GroupKind g);   // "t", "d,e,c", "p (first+last)"
+const char* group_name(GroupKind g);  // "tp", "dense-grad", ...
+// The axes its members differ in. embed: d, e, c and p, but only the first and the last
+// pipeline stage: the dense-grad groups of both ends with one tp rank, which sum the tied
+// wte gradient.
+std::vector<Axis> group_axes(GroupKind g);
+std::string group_axes_text(GroupKind g);  // "t", "d,e,c", "d,e,c,p (first+last stage)"
 
 struct GridShape {
   Coords size{1, 1, 1, 1, 1};                                                     // indexed by Axis
@@ -57,8 +60,8 @@ class Layout {
   int rank(const Coords& coords) const;
 
   // Group membership of `rank`: members are sorted by world rank, which is also their order
-  // (group rank) in the MPI_Cart_sub communicator. Embed: empty when rank is not on the first
-  // or last pipeline stage; group_rank is then -1.
+  // (group rank) in the group's communicator. Embed: empty when rank is not on the first or
+  // last pipeline stage; group_rank is then -1.
   bool in_group(GroupKind g, int rank) const;
   std::vector<int> members(GroupKind g, int rank) const;
   int group_rank(GroupKind g, int rank) const;
@@ -79,6 +82,7 @@ class Layout {
   std::vector<int> node_of_rank_;
   int num_nodes_ = 0;
   Coords stride_{};  // world-rank stride of each axis
+  int group_axis_size(GroupKind g, Axis a) const;
 };
 
 }  // namespace ptrain

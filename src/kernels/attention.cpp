@@ -20,8 +20,8 @@
 
 #include "kernels/detail_math.hpp"
 #include "kernels/kernels.hpp"
+#include "util/element_types.hpp"
 #include "util/error.hpp"
-#include "util/precision.hpp"
 
 namespace ptrain::kernels {
 namespace {

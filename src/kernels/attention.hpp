@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #include "kernels/view.hpp"
-#include "util/precision.hpp"
+#include "util/element_types.hpp"
 
 namespace ptrain::kernels {
 

@@ -5,14 +5,14 @@
 //   kernels); double and device code use the library functions.
 // - Row reductions (sum, max, dot) keep 16 independent partial results so the compiler
 //   vectorizes them without reassociating floating point (-ffast-math is not used). They read
-//   a storage type T and return its accumulate type (util/precision.hpp: fp32 for bf16).
+//   a storage type T and return its accumulate type (util/element_types.hpp: fp32 for bf16).
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <cstring>
 
+#include "util/element_types.hpp"
 #include "util/kmath.hpp"
-#include "util/precision.hpp"
 
 namespace ptrain::kernels::detail {
 

@@ -71,6 +71,17 @@ void cast(Vec<To> dst, CVec<From> src) {
 template void cast<bf16, float>(Vec<bf16>, CVec<float>);
 template void cast<float, bf16>(Vec<float>, CVec<bf16>);
 
+void add_block_sum(Vec<float> dst, CVec<bf16> blocks, int n_blocks) {
+  const std::size_t n = dst.extent(0);
+  require_len("add_block_sum blocks", blocks.extent(0), n * std::size_t(n_blocks));
+  Kokkos::parallel_for(
+      "ptrain::add_block_sum", n, KOKKOS_LAMBDA(std::size_t i) {
+        float s = 0;
+        for (int q = 0; q < n_blocks; ++q) s += float(blocks(std::size_t(q) * n + i));
+        dst(i) += s;
+      });
+}
+
 template <class T>
 double sum_of_squares(CVec<T> x) {
   // Chunks of contiguous elements, each summed with independent lanes (vectorizes).

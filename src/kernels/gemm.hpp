@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kernels/view.hpp"
-#include "util/precision.hpp"
+#include "util/element_types.hpp"
 
 namespace ptrain::kernels {
 

@@ -1,6 +1,6 @@
 // kernels/kernels.hpp — the layer kernels of the GPT forward and backward (llm.c's set),
 // on Kokkos Views. T is the storage type: float, double or bf16 (all instantiated in the .cpp
-// files). Arithmetic is in accumulate_t<T> (util/precision.hpp: fp32 for bf16), results are
+// files). Arithmetic is in accumulate_t<T> (util/element_types.hpp: fp32 for bf16), results are
 // rounded once when stored; statistics (LayerNorm mean and rstd, the cross-entropy's row max,
 // sum-exp and losses) are kept in accumulate_t<T>. Backward kernels that write parameter
 // gradients take their type G as a second parameter (default T): fp32 gradients of bf16
@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "kernels/view.hpp"
-#include "util/precision.hpp"
+#include "util/element_types.hpp"
 
 namespace ptrain::kernels {
 
@@ -39,6 +39,9 @@ void axpy(Vec<T> y, accumulate_t<T> alpha, CVec<T> x);  // y [+=] alpha x; equal
 // dst [=] src rounded to dst's type (fp32 masters -> bf16 compute weights); equal extents.
 template <class To, class From>
 void cast(Vec<To> dst, CVec<From> src);
+// dst (n) [+=] the sum over q < n_blocks of blocks (n_blocks, n), added in fp32 in block order
+// and once to dst: the receiving side of a reduce-scatter whose wire carries bf16.
+void add_block_sum(Vec<float> dst, CVec<bf16> blocks, int n_blocks);
 template <class T>
 double sum_of_squares(CVec<T> x);  // sum x^2, accumulated in double
 template <class T>

@@ -13,7 +13,7 @@
 #include "comm/comm.hpp"
 #include "kernels/view.hpp"
 #include "model/layout.hpp"
-#include "util/precision.hpp"
+#include "util/element_types.hpp"
 
 namespace ptrain::model {
 

@@ -22,7 +22,7 @@
 #include "model/activations.hpp"
 #include "model/context_parallel.hpp"
 #include "model/moe.hpp"
-#include "util/precision.hpp"
+#include "util/element_types.hpp"
 
 namespace ptrain::model {
 
@@ -83,7 +83,7 @@ struct Ctx {
 template <class T>
 Vec<T> own_rows(const Ctx& c, const Vec<T>& full, std::int64_t C);
 
-// The layers are instantiated per precision policy P (util/precision.hpp): weights and
+// The layers are instantiated per precision policy P (util/element_types.hpp): weights and
 // activations in P::compute (T), parameter gradients in P::grad (G), statistics (LayerNorm
 // mean and rstd, the attention's log-sum-exp, the cross-entropy's) in T's accumulate type (A).
 

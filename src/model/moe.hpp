@@ -19,7 +19,7 @@
 #include "comm/comm.hpp"
 #include "kernels/view.hpp"
 #include "model/activations.hpp"
-#include "util/precision.hpp"
+#include "util/element_types.hpp"
 
 namespace ptrain::model {
 

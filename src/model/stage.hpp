@@ -14,8 +14,8 @@
 #include "kernels/view.hpp"
 #include "model/layers.hpp"
 #include "model/layout.hpp"
+#include "util/element_types.hpp"
 #include "util/memory.hpp"
-#include "util/precision.hpp"
 
 namespace ptrain::model {
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "deck/deck.hpp"
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
 
@@ -22,6 +23,23 @@ std::int64_t max_unit(const std::vector<Unit>& units, bool embedding) {
   std::int64_t m = 0;
   for (const auto& u : units)
     if ((u.kind == Unit::embedding) == embedding) m = std::max(m, u.hi - u.lo);
+  return m;
+}
+
+// The bf16 wire's receive buffer for unit u: per run, D blocks of the largest rank's part
+// (every rank's layout of it is the same, so sizes agree across ranks and with the plan).
+std::int64_t wire_recv_size(const ShardMap& map, const Unit& u) {
+  std::int64_t n = 0;
+  map.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
+    const auto counts = map.cut(run, a, b).counts;
+    n += std::int64_t(counts.size()) * *std::max_element(counts.begin(), counts.end());
+  });
+  return n;
+}
+std::int64_t max_wire_recv(const ShardMap& map, const std::vector<Unit>& units, bool embedding) {
+  std::int64_t m = 0;
+  for (const auto& u : units)
+    if ((u.kind == Unit::embedding) == embedding) m = std::max(m, wire_recv_size(map, u));
   return m;
 }
 
@@ -74,7 +92,8 @@ ShardMap::Cut ShardMap::cut(const Run& run, std::int64_t a, std::int64_t b) cons
 }
 
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
-                                      double bucket_mb, std::size_t grad_bytes, int expert_group) {
+                                      double bucket_mb, std::size_t grad_bytes, int expert_group,
+                                      bool bf16_wire) {
   DataParallelSizes s;
   const ShardMap map(layout, D, 0, expert_group, 0);
   s.numel = layout.numel;
@@ -90,9 +109,14 @@ DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, i
   s.grads = zero >= 2 ? s.shard : whole + (zero == 1 ? packed : 0);
   s.optimizer_range = zero >= 1 ? s.shard : s.numel;
   s.bucket = std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / double(grad_bytes)));
-  // ZeRO 2: gradient windows and their receive buffers; ZeRO 3: parameter windows too.
-  s.comm_grads = zero >= 2 ? 2 * windows : 0;
+  // ZeRO 2: gradient windows and their receive buffers; ZeRO 3: parameter windows too. The
+  // bf16 wire replaces each receive buffer by a bf16 copy of the window and a bf16 receive
+  // buffer of every rank's blocks.
+  const bool wire = bf16_wire && zero >= 2;
+  s.comm_grads = zero >= 2 ? (wire ? 1 : 2) * windows : 0;
   s.comm_params = zero == 3 ? windows : 0;
+  if (wire)
+    s.comm_wire = windows + max_wire_recv(map, units, true) + 2 * max_wire_recv(map, units, false);
   return s;
 }
 
@@ -143,15 +167,22 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
       }
     } else {
       const std::int64_t emb = max_unit(units_, true), other = max_unit(units_, false);
-      auto window = [](const char* label, std::int64_t n) {
+      const bool wire = dp.bf16_wire_;
+      auto window = [wire](const char* label, std::int64_t n, std::int64_t wire_n) {
+        auto at_least_1 = [](std::int64_t k) { return std::size_t(std::max<std::int64_t>(k, 1)); };
         Window<G> w;
-        w.buf = TrackedView<G>(MemCategory::comm, label, std::size_t(std::max<std::int64_t>(n, 1)));
-        w.recv =
-            TrackedView<G>(MemCategory::comm, label, std::size_t(std::max<std::int64_t>(n, 1)));
+        w.buf = TrackedView<G>(MemCategory::comm, label, at_least_1(n));
+        if (wire) {
+          w.wire_send = TrackedView<bf16>(MemCategory::comm, label, at_least_1(n));
+          w.wire_recv = TrackedView<bf16>(MemCategory::comm, label, at_least_1(wire_n));
+        } else {
+          w.recv = TrackedView<G>(MemCategory::comm, label, at_least_1(n));
+        }
         return w;
       };
-      grad_emb_ = window("ptrain::grad_window.embedding", emb);
-      for (auto& w : grad_slots_) w = window("ptrain::grad_window", other);
+      grad_emb_ = window("ptrain::grad_window.embedding", emb, max_wire_recv(map_, units_, true));
+      for (auto& w : grad_slots_)
+        w = window("ptrain::grad_window", other, max_wire_recv(map_, units_, false));
       if (zero == 3) {
         param_emb_.buf = TrackedView<T>(MemCategory::comm, "ptrain::param_window.embedding",
                                         std::size_t(std::max<std::int64_t>(emb, 1)));
@@ -234,6 +265,27 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
     Window<G>* w = &grad_emb_;
     for (auto& s : grad_slots_)
       if (s.unit == unit && s.open) w = &s;
+    if constexpr (std::is_same_v<G, float>) {
+      if (dp_.bf16_wire_) {
+        // The bf16 wire: the window rounded once, each run's parts sent to their owners; this
+        // rank's D blocks of each run land one after the other (summed in fold).
+        K::cast<bf16, float>(slice(w->wire_send.view(), 0, u.hi - u.lo),
+                             slice(w->buf.view(), 0, u.hi - u.lo));
+        std::int64_t at = 0;
+        map_.for_each_run(
+            u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
+              const ShardMap::Cut c = map_.cut(run, a, b);
+              const std::vector<int> from(c.counts.size(), int(c.mine));
+              w->reqs.push_back(group(run).all_to_allv(w->wire_send.data() + (a - u.lo), c.counts,
+                                                       w->wire_recv.data() + at, from));
+              at += wire_block_stride(c);
+            });
+        w->pending_fold = true;
+        w->open = false;
+        progress();
+        return;
+      }
+    }
     // Reduce-scatter each run of the unit onto the shards of its space; this rank's part
     // of the run lands at the run's place in the receive window.
     map_.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
@@ -340,6 +392,7 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
   template <class V>
   struct Window {
     TrackedView<V> buf, recv;
+    TrackedView<bf16> wire_send, wire_recv;  // the bf16 wire (gradient windows only)
     int unit = -1;
     bool open = false, pending_fold = false;
     std::vector<Request> reqs;
@@ -385,13 +438,34 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
   }
 
   // Waits for window w's reduce-scatters and adds the received parts into the shard.
+  // Where run part c's blocks start after the previous one's in a wire receive buffer.
+  static std::int64_t wire_block_stride(const ShardMap::Cut& c) {
+    return std::int64_t(c.counts.size()) * *std::max_element(c.counts.begin(), c.counts.end());
+  }
+
   void fold(Window<G>& w) {
     if (!w.pending_fold) return;
     const Unit& u = units_[std::size_t(w.unit)];
-    const double bytes = double(u.hi - u.lo) * sizeof(G);
+    const double bytes = double(u.hi - u.lo) * (dp_.bf16_wire_ ? sizeof(bf16) : sizeof(G));
     total_bytes_ += bytes;
     if (test_all(w.reqs)) done_early_bytes_ += bytes;
     wait_all(w.reqs);
+    if constexpr (std::is_same_v<G, float>) {
+      if (dp_.bf16_wire_) {  // this rank's D blocks of each run, summed in fp32 into the shard
+        std::int64_t at = 0;
+        map_.for_each_run(u.lo, u.hi,
+                          [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
+                            const ShardMap::Cut c = map_.cut(run, a, b);
+                            const int D = int(c.counts.size());
+                            if (c.mine > 0)
+                              K::add_block_sum(slice(owned_grads_.view(), c.at, c.at + c.mine),
+                                               slice(w.wire_recv.view(), at, at + D * c.mine), D);
+                            at += wire_block_stride(c);
+                          });
+        w.pending_fold = false;
+        return;
+      }
+    }
     map_.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
       const ShardMap::Cut c = map_.cut(run, a, b);
       if (c.mine > 0)
@@ -430,13 +504,15 @@ DataParallel<P>::DataParallel(const Config& config, Comm& group, const model::Ch
     : group_(group),
       tp_(tp),
       experts_(experts && experts->size() != group.size() ? experts : nullptr),
+      bf16_wire_(deck::precision_policy(config).wire == Precision::bf16 &&
+                 std::is_same_v<G, float> && config.parallel.zero >= 2),
       layout_(layout),
       dims_(model::dims_of(config)),
       zero_(int(config.parallel.zero)),
       map_(layout, group.size(), group.rank(), experts_ ? experts_->size() : 0,
            experts_ ? experts_->rank() : 0) {
   sizes_ = data_parallel_sizes(layout, group.size(), zero_, config.parallel.bucket_mb, sizeof(G),
-                               experts_ ? experts_->size() : 0);
+                               experts_ ? experts_->size() : 0, bf16_wire_);
   if (zero_ == 0) {
     update_pieces_ = {{0, sizes_.numel, 0}};
     update_size_ = sizes_.numel;

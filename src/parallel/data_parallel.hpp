@@ -11,7 +11,10 @@
 //           range: its parameters and gradients are kept packed beside the whole buffers.
 //   ZeRO 2  whole params; gradients only as this rank's shard: each unit's gradients go to
 //           a transient window that is reduce-scattered into the shard after every
-//           micro-batch; update the shard; all-gather the parameters.
+//           micro-batch; update the shard; all-gather the parameters. With the bf16 wire
+//           (parallel%wire_dtype) the window is rounded to bf16 once, exchanged all-to-all,
+//           and each rank sums the arriving blocks of its shard in fp32 (Megatron's
+//           reduce-scatter with fp32 accumulation).
 //   ZeRO 3  params sharded too: each unit is all-gathered into a window just before its
 //           forward and again before its backward (the next unit prefetched), then freed.
 // The embedding unit (wte, wpe) serves the tied LM head as well, so under ZeRO 3 its
@@ -89,12 +92,14 @@ struct DataParallelSizes {
   std::int64_t params = 0, grads = 0, optimizer_range = 0;  // elements
   std::int64_t comm_grads = 0;   // gradient windows and their receive buffers (grad type)
   std::int64_t comm_params = 0;  // parameter windows (compute type)
+  std::int64_t comm_wire = 0;    // bf16 wire: the windows' send and receive buffers (bf16)
   std::int64_t bucket = 0;       // ZeRO 0/1 all-reduce bucket, elements
 };
-// `grad_bytes` sizes the buckets (bucket_mb of gradients).
+// `grad_bytes` sizes the buckets (bucket_mb of gradients); `bf16_wire`: ZeRO 2/3 send their
+// fp32 gradients as bf16 (PrecisionPolicy::wire).
 DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, int zero,
                                       double bucket_mb, std::size_t grad_bytes,
-                                      int expert_group = 0);
+                                      int expert_group = 0, bool bf16_wire = false);
 
 // The cast boundary of the precision policy P: the model sees weights in P::compute and
 // writes gradients in P::grad; the optimizer updates P::master weights. With a uniform
@@ -170,6 +175,7 @@ class DataParallel {
   Comm& group_;
   Comm* tp_ = nullptr;
   Comm* experts_ = nullptr;
+  bool bf16_wire_ = false;  // ZeRO 2/3 gradients travel as bf16, summed in fp32 on arrival
   model::ChunkLayout layout_;
   model::Dims dims_;
   int zero_ = 0;

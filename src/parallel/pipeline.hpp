@@ -16,8 +16,8 @@
 #include "model/stage.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/schedule.hpp"
+#include "util/element_types.hpp"
 #include "util/memory.hpp"
-#include "util/precision.hpp"
 
 namespace ptrain::parallel {
 

@@ -201,12 +201,14 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   for (const auto& ch : chunks) {
     const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
                                        config.parallel.bucket_mb, std::size_t(wg),
-                                       config.parallel.ep > 1 ? expert_grad_size(config) : 0);
+                                       config.parallel.ep > 1 ? expert_grad_size(config) : 0,
+                                       policy.wire != policy.grad);
     est.bytes[idx(MemCategory::params)] += double(z.params) * w;
     est.bytes[idx(MemCategory::grads)] += double(z.grads) * wg;
     est.bytes[idx(MemCategory::optimizer)] +=
         double(z.optimizer_range) * state_w * (moments + (mixed ? 1.0 : 0.0));
-    est.bytes[idx(MemCategory::comm)] += double(z.comm_grads) * wg + double(z.comm_params) * w;
+    est.bytes[idx(MemCategory::comm)] += double(z.comm_grads) * wg + double(z.comm_params) * w +
+                                         double(z.comm_wire) * double(sizeof(bf16));
   }
   // The experts' part of it: every expert element has its parameter, gradient and optimizer
   // state here, or (ZeRO) its share of the shards of the group it is reduced over (the
@@ -298,14 +300,15 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
 // parallel/data_parallel.hpp does it: ZeRO 2/3 reduce-scatter after every micro-batch,
 // ZeRO 3 gathers every unit for its forward and its backward (the embedding, which the
 // tied head shares, once per step).
-// Gradients move in the grad type (wg bytes), parameter gathers in the compute type (w).
+// Gradients move in the wire type (ww bytes: the grad type, or bf16 for ZeRO 2/3 with the
+// bf16 wire), parameter gathers in the compute type (w).
 void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
                        const MemoryEstimate& mem, const ShardFacts& f, double m, double w,
-                       double wg) {
+                       double ww) {
   const int zero = int(config.parallel.zero);
   const double emb = f.embedding_bytes;       // compute type
   auto dp_volume = [&](double N, double D) {  // N elements
-    const double G = N * wg, S = N * w;
+    const double G = N * ww, S = N * w;
     switch (zero) {
       case 0:
         return 2 * ring(D) * G;
@@ -334,7 +337,7 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
 struct StepFacts {
   ShardFacts f;
   double m = 0, B = 0, Tl = 0, w = 0;  // micro-batches per step, samples, local positions, bytes
-  double wg = 0;                       // bytes of a gradient element
+  double wg = 0, ww = 0;               // bytes of a gradient element, and on the data-parallel wire
   double act = 0;                      // one (B, T, C) activation, bytes
   double k = 0;                        // experts per token
   model::Recompute recompute = model::Recompute::none;
@@ -409,6 +412,7 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   StepFacts s;
   s.w = double(dtype_bytes(config));
   s.wg = double(bytes_of(deck::precision_policy(config).grad));
+  s.ww = double(bytes_of(deck::precision_policy(config).wire));
   s.m = double(micro_batches_per_step(config));
   s.B = double(config.train.micro_batch), s.Tl = double(d.S / par.cp);
   s.act = s.B * s.Tl * double(d.C) * s.w;
@@ -417,7 +421,7 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   s.recompute = model::recompute_mode(config.train.recompute);
   const bool first = s.f.first, last = s.f.last;
   std::vector<CommEstimate> out;
-  add_data_parallel(out, config, estimate_memory(config, coord), s.f, s.m, s.w, s.wg);
+  add_data_parallel(out, config, estimate_memory(config, coord), s.f, s.m, s.w, s.ww);
   out.push_back(tensor_parallel(config, s));
   out.push_back(context_parallel(config, s));
   out.push_back(expert_parallel(config, s));
@@ -871,6 +875,11 @@ std::string model_section(const Config& config, const Layout& layout) {
   line(cat("model: ", d.L, " layers, d_model ", d.C, ", ", d.NH, " heads, vocab ", d.V,
            d.Vpad != d.V ? cat(" (padded to ", d.Vpad, ", a multiple of tp)") : std::string(),
            ", seq_len ", d.S, ", dtype ", config.model.dtype));
+  const PrecisionPolicy policy = deck::precision_policy(config);
+  if (!policy.uniform())
+    line(cat("precision: compute ", to_string(policy.compute), " (fp32 arithmetic), gradients ",
+             to_string(policy.grad), ", master weights and moments ", to_string(policy.master),
+             ", data-parallel wire ", to_string(policy.wire)));
   line(cat("parameters: ", with_commas(n_global),
            " (tied embeddings, learned positions, biases; "
            "before padding)"));

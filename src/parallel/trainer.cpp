@@ -117,16 +117,10 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   }
   pipeline_ = std::make_unique<PipelineExecutor<P>>(pp_, std::move(executed),
                                                     schedule_[std::size_t(coord.p)], mb);
-  if (stages > 1) {
-    // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
-    // groups with this tp rank sum its gradient.
-    const bool end = coord.p == 0 || coord.p == stages - 1;
-    MPI_Comm ends = MPI_COMM_NULL;
-    mpi::check(MPI_Comm_split(grid.cart(), end ? coord.t : MPI_UNDEFINED, grid.world_rank(), &ends),
-               "trainer: MPI_Comm_split (tied embedding)");
-    ends_comm_ = Communicator(ends);
-    if (end) ends_ = std::make_unique<MpiComm>(ends, "embed");
-  }
+  // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
+  // groups with this tp rank (the grid's embed group) sum its gradient.
+  if (stages > 1 && grid.in_group(GroupKind::embed))
+    ends_ = std::make_unique<MpiComm>(grid.comm(GroupKind::embed), "embed");
   // This rank's positions of every sample (all of them without context parallelism).
   if (coord.C > 1)
     positions_ = model::sequence_positions(

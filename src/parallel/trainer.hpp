@@ -94,8 +94,7 @@ class Trainer {
   const Grid& grid_;
   MpiComm dense_grad_, tp_, pp_, cp_, ep_;  // gradient reduction; tp, pp, cp and ep groups
   MpiComm expert_grad_;                     // expert gradients (experts split over ep)
-  Communicator ends_comm_;                  // the tied embedding's two ends (pipeline)
-  std::unique_ptr<MpiComm> ends_;
+  std::unique_ptr<MpiComm> ends_;  // the tied embedding's two ends (the grid's embed group)
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
   int micro_batches_ = 0;  // per step on this pipeline

@@ -6,7 +6,7 @@
 // from float (round to nearest, ties to even; NaN stays NaN with its sign, infinities stay
 // infinite, subnormals round like any other value). So `bf16 + bf16` is float arithmetic, and
 // `bf16 acc = 0; acc += x` does not compile: kernels accumulate in their accumulate type
-// (util/precision.hpp's accumulate_t) and round once, where they store. The conversion is the
+// (util/element_types.hpp's accumulate_t) and round once, where they store. The conversion is the
 // same bit arithmetic on the host and on the device, so both round alike; under CUDA it also
 // converts to and from __nv_bfloat16 (bit for bit) for cuBLAS and device intrinsics.
 #pragma once
