@@ -518,6 +518,8 @@ void attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CHeads<T> q, CHeads
         const int q_pos_first = q_pos0 + i0;
         A* const w = scratch<A>(team, scratch_elems);
         const T* const qg = q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS;
+        (void)qw_off, (void)vw_off;  // nvcc: a device lambda may not capture a variable first
+                                     // inside `if constexpr`.
         // The query block's rows as the products read them: in place, or widened (bf16).
         const A* qp;
         int q_ld;
@@ -617,6 +619,9 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
         const int h = team.league_rank() % NH, b = team.league_rank() / NH;
         const std::size_t head = std::size_t(h) * HS;
         A* const w = scratch<A>(team, scratch_elems);
+        // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
+        (void)dq, (void)dk, (void)dv, (void)dq_elems, (void)accumulate, (void)kw_off, (void)qw_off;
+        (void)dow_off, (void)dkw_off, (void)dvw_off, (void)Tq, (void)Tk;
         // Widened: the head's dQ accumulator, from dq (accumulate) or zero.
         A* dqw = nullptr;
         if constexpr (kWidened<T>) {

@@ -84,6 +84,8 @@ void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
         T* x = logits.data() + std::size_t(n) * V;
         const A m = row_max(n), scale = dloss / sumexp(n);
         const int col = targets(n) - v_begin;
+        (void)
+            nreal;  // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
         if constexpr (std::is_same_v<T, A>) {
           for (int v = 0; v < nreal; ++v) x[v] = detail::exp_(x[v] - m) * scale;
           if (col >= 0 && col < nreal) x[col] -= dloss;

@@ -174,6 +174,9 @@ void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T
         const T* b = bias.data();
         const A m = detail::row_sum(x, C) / A(C);
         A s;
+        (void)y, (void)w,
+            (void)
+                b;  // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
         if constexpr (std::is_same_v<T, A>) {
           // two-pass variance: sum (x - m)^2, written to y first so it vectorizes
           for (int c = 0; c < C; ++c) y[c] = x[c] - m;

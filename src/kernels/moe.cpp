@@ -27,6 +27,7 @@ void softmax_rows_forward(Vec<T> probs, CVec<T> logits, int N, int E) {
         T* p = probs.data() + std::size_t(t) * E;
         const A m = detail::row_max(x, E, neg_inf);
         A sum = 0;
+        (void)p;  // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
         if constexpr (std::is_same_v<T, A>) {
           for (int e = 0; e < E; ++e) sum += (p[e] = detail::exp_(x[e] - m));
           for (int e = 0; e < E; ++e) p[e] /= sum;
@@ -64,6 +65,8 @@ void combine_rows(Vec<T> dst, CVec<T> src, IntVec rows, CVec<T> weight, int N, i
       "ptrain::combine_rows", N, KOKKOS_LAMBDA(int t) {
         using A = accumulate_t<T>;
         T* d = dst.data() + std::size_t(t) * C;
+        // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
+        (void)accumulate, (void)k, (void)rows, (void)weighted, (void)weight, (void)src;
         if constexpr (std::is_same_v<T, A>) {
           if (!accumulate)
             for (int c = 0; c < C; ++c) d[c] = T(0);

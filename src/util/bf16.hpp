@@ -38,12 +38,12 @@ struct bf16 {
 #if defined(__CUDACC__)
   KOKKOS_INLINE_FUNCTION explicit bf16(__nv_bfloat16 h) {
     static_assert(sizeof(__nv_bfloat16) == 2, "__nv_bfloat16 is 2 bytes");
-    std::memcpy(&bits, &h, sizeof bits);
+    bits = __nv_bfloat16_raw(h).x;
   }
   KOKKOS_INLINE_FUNCTION explicit operator __nv_bfloat16() const {
-    __nv_bfloat16 h;
-    std::memcpy(&h, &bits, sizeof h);
-    return h;
+    __nv_bfloat16_raw r;
+    r.x = bits;
+    return __nv_bfloat16(r);
   }
 #endif
 
