@@ -39,9 +39,9 @@ struct Place {
 template <class D>
 Place place(const D& g, int rank) {
   Place p;
-  p.coord.T = g.T;
-  p.coord.P = g.P;
-  p.coord.E = g.E;
+  p.coord.tp = g.T;
+  p.coord.pp = g.P;
+  p.coord.ep = g.E;
   p.coord.virtual_stages = g.V;
   p.coord.t = rank % g.T;
   p.coord.p = rank / g.T % g.P;

@@ -194,7 +194,7 @@ TEST(Stage, TwoStagesChainedEqualTheWholeModel) {
   for (int p = 0; p < 2; ++p) {
     model::ShardCoord coord;
     coord.p = p;
-    coord.P = 2;
+    coord.pp = 2;
     stages.emplace_back(c, coord, model::build_layout(c, coord).at(0), 2);
     stages.back().init_weights(4);
     stages.back().zero_grads();

@@ -37,7 +37,7 @@ TEST(Plan, TensorParallelShardsSumToTheWholeModel) {
   std::int64_t sum = 0, replicated = 0, padding = 0;
   for (int t = 0; t < 4; ++t) {
     model::ShardCoord sc;
-    sc.t = t, sc.T = 4;
+    sc.t = t, sc.tp = 4;
     for (const auto& chunk : model::build_layout(c, sc))
       for (const auto& s : chunk.tensors) {
         sum += s.numel;
@@ -160,7 +160,7 @@ TEST(Plan, ContextParallelTrafficCountsTheStagesLayers) {
   const int layers[2] = {3, 1};
   for (int p = 0; p < 2; ++p) {
     model::ShardCoord sc;
-    sc.p = p, sc.P = 2, sc.C = 2;
+    sc.p = p, sc.pp = 2, sc.cp = 2;
     EXPECT_DOUBLE_EQ(cp_bytes(c, sc), 2.0 * layers[p] * 4 * 16384);
   }
 }
@@ -173,7 +173,7 @@ TEST(Plan, ContextParallelCutsActivationsAndAddsTheRingWorkspace) {
     Config c = small_cp(cp, "zigzag");
     deck::validate(c, cp);
     model::ShardCoord sc;
-    sc.C = cp;
+    sc.cp = cp;
     const auto m = parallel::estimate_memory(c, sc);
     EXPECT_DOUBLE_EQ(m.bytes[kA] * cp, m1.bytes[kA]);  // every kept activation scales with S/C
     const auto act = model::activation_sizes(model::dims_of(c), sc, 2, 32 / cp, true);
@@ -209,7 +209,7 @@ double group_bytes(const Config& c, GroupKind g, const model::ShardCoord& sc = {
 }
 model::ShardCoord coord(int T, int C, int E) {
   model::ShardCoord sc;
-  sc.T = T, sc.C = C, sc.E = E;
+  sc.tp = T, sc.cp = C, sc.ep = E;
   return sc;
 }
 }  // namespace

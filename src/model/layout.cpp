@@ -89,7 +89,7 @@ class ChunkBuilder {
 void add_embedding(ChunkBuilder& b, const Dims& d, const ShardCoord& c, bool tied_copy) {
   // Vocab-parallel: rank t holds padded rows [t*Vl, (t+1)*Vl); only the real rows
   // (< V) are part of the global tensor, the rest is padding that stays zero.
-  const std::int64_t Vl = d.Vpad / c.T;
+  const std::int64_t Vl = d.Vpad / c.tp;
   const std::int64_t begin = c.t * Vl;
   const std::int64_t end = std::min<std::int64_t>(begin + Vl, d.V);
   Slab rows{{begin, 0}, {std::max<std::int64_t>(0, end - begin), d.C}};
@@ -101,7 +101,7 @@ void add_embedding(ChunkBuilder& b, const Dims& d, const ShardCoord& c, bool tie
 
 void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
   const std::string h = cat("h.", i, ".");
-  const std::int64_t C = d.C, F = d.F, T = c.T, t = c.t;
+  const std::int64_t C = d.C, F = d.F, T = c.tp, t = c.t;
   b.replicated(h + "ln_1.weight", {C}, TensorKind::norm, i);
   b.replicated(h + "ln_1.bias", {C}, TensorKind::norm, i);
   // qkv is column-parallel by heads: this rank's q, k and v rows are three blocks.
@@ -118,7 +118,7 @@ void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
   b.replicated(h + "ln_2.weight", {C}, TensorKind::norm, i);
   b.replicated(h + "ln_2.bias", {C}, TensorKind::norm, i);
   if (d.is_moe_layer(i)) {
-    const std::int64_t E = d.n_expert, El = E / c.E, e0 = c.e * El, Fl = F / T;
+    const std::int64_t E = d.n_expert, El = E / c.ep, e0 = c.e * El, Fl = F / T;
     b.replicated(h + "moe.router.weight", {E, C}, TensorKind::matrix, i);
     // Experts split over ep (dimension 0) and, like the dense MLP, over tp; proj.bias is
     // ep-split but tp-replicated (added once after the row-parallel reduction).
@@ -147,19 +147,19 @@ void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
 
 std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord) {
   const Dims d = dims_of(config);
-  const int n_chunks = coord.P * coord.virtual_stages;
+  const int n_chunks = coord.pp * coord.virtual_stages;
   // Layers of global chunk g: parallel%pp_layers when the deck splits unevenly (one count per
   // global chunk, validated), else n_layer / chunks each.
   const auto& uneven = config.parallel.pp_layers;
   const bool given =
-      coord.P == config.parallel.pp && coord.P > 1 && !uneven.empty() && uneven[0] > 0;
+      coord.pp == config.parallel.pp && coord.pp > 1 && !uneven.empty() && uneven[0] > 0;
   PTRAIN_REQUIRE(given || d.L % n_chunks == 0, "model layout: n_layer = ", d.L,
                  " is not divisible by pp*virtual_stages = ", n_chunks);
   auto layers_of = [&](int g) { return given ? uneven[std::size_t(g)] : d.L / n_chunks; };
   std::vector<ChunkLayout> chunks;
   for (int v = 0; v < coord.virtual_stages; ++v) {
     // Interleaved assignment (Megatron): chunk v of stage p is global chunk v*P + p.
-    const int g = v * coord.P + coord.p;
+    const int g = v * coord.pp + coord.p;
     ChunkLayout chunk;
     chunk.chunk = v;
     chunk.first_layer = 0;
@@ -235,15 +235,15 @@ ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int6
   s.moe = moe && d.n_expert > 0;
   s.E = d.n_expert;
   s.k = d.top_k;
-  s.ep = c.E > 1;
-  s.expert_rows = s.moe ? c.E * B * T * d.top_k : 0;
+  s.ep = c.ep > 1;
+  s.expert_rows = s.moe ? c.ep * B * T * d.top_k : 0;
   s.BT = B * T;
-  s.R = sp ? s.BT / c.T : s.BT;
+  s.R = sp ? s.BT / c.tp : s.BT;
   s.C = d.C;
-  s.Cl = d.C / c.T;
-  s.NHl = d.NH / c.T;
-  s.Fl = d.F / c.T;
-  s.Vl = d.Vpad / c.T;
+  s.Cl = d.C / c.tp;
+  s.NHl = d.NH / c.tp;
+  s.Fl = d.F / c.tp;
+  s.Vl = d.Vpad / c.tp;
   s.sp = sp;
   return s;
 }

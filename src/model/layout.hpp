@@ -42,10 +42,10 @@ Dims dims_of(const Config& config);
 
 // Where a rank sits on the axes that shard the model.
 struct ShardCoord {
-  int t = 0, T = 1;       // tensor-parallel rank and size
-  int p = 0, P = 1;       // pipeline stage and count
-  int e = 0, E = 1;       // expert-parallel rank and size
-  int c = 0, C = 1;       // context-parallel rank and size
+  int t = 0, tp = 1;      // tensor-parallel rank and size
+  int p = 0, pp = 1;      // pipeline stage and count
+  int e = 0, ep = 1;      // expert-parallel rank and size
+  int c = 0, cp = 1;      // context-parallel rank and size
   bool cp_zigzag = true;  // parallel%cp_layout: zigzag (else contiguous)
   int virtual_stages = 1;
 };

@@ -113,17 +113,17 @@ Stage<P>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
       micro_batch_(micro_batch),
       tp_(tp, config.parallel.sequence_parallel),
       cp_(cp, dims_.S, coord.cp_zigzag),
-      S_(int(dims_.S / coord.C)),
+      S_(int(dims_.S / coord.cp)),
       ep_(ep && ep->size() > 1 ? ep : nullptr),
       aux_scale_(double(config.train.micro_batch) / double(config.train.global_batch)),
       recompute_(recompute_mode(config.train.recompute)),
       moe_stats_(std::size_t(layout.n_layers)) {
-  PTRAIN_REQUIRE(coord.E == 1 || (ep && ep->size() == coord.E), "model: expert parallelism over ",
-                 coord.E, " ranks needs their ep group");
-  PTRAIN_REQUIRE(coord.T == 1 || (tp && tp->size() == coord.T), "model: tensor parallelism over ",
-                 coord.T, " ranks needs their tp group");
-  PTRAIN_REQUIRE(coord.C == 1 || (cp && cp->size() == coord.C && cp->rank() == coord.c),
-                 "model: context parallelism over ", coord.C, " ranks needs their cp group");
+  PTRAIN_REQUIRE(coord.ep == 1 || (ep && ep->size() == coord.ep), "model: expert parallelism over ",
+                 coord.ep, " ranks needs their ep group");
+  PTRAIN_REQUIRE(coord.tp == 1 || (tp && tp->size() == coord.tp), "model: tensor parallelism over ",
+                 coord.tp, " ranks needs their tp group");
+  PTRAIN_REQUIRE(coord.cp == 1 || (cp && cp->size() == coord.cp && cp->rank() == coord.c),
+                 "model: context parallelism over ", coord.cp, " ranks needs their cp group");
   PTRAIN_REQUIRE(slots >= 1, "model: a stage needs at least one activation slot");
   for (std::size_t i = 0; i < units_.size(); ++i) {
     if (units_[i].kind == Unit::embedding) u_emb_ = int(i);
@@ -224,7 +224,7 @@ Block<P> Stage<P>::block(int unit, const K::Vec<T>& w, const K::Vec<G>& g) const
   const std::string h = cat("h.", units_[std::size_t(unit)].layer, ".");
   auto p = [&](const char* n) { return tensor(w, unit, h + n); };
   auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<G>(); };
-  const int C = int(dims_.C), Cl = int(dims_.C / coord_.T), Fl = int(dims_.F / coord_.T);
+  const int C = int(dims_.C), Cl = int(dims_.C / coord_.tp), Fl = int(dims_.F / coord_.tp);
   Block<P> b;
   b.ln1 = {p("ln_1.weight"), p("ln_1.bias"), d("ln_1.weight"), d("ln_1.bias"), C};
   b.qkv = {p("attn.qkv.weight"),
@@ -233,7 +233,7 @@ Block<P> Stage<P>::block(int unit, const K::Vec<T>& w, const K::Vec<G>& g) const
            d("attn.qkv.bias"),
            C,
            3 * Cl};
-  b.attn = {int(dims_.NH / coord_.T), int(dims_.HS)};
+  b.attn = {int(dims_.NH / coord_.tp), int(dims_.HS)};
   b.proj = {p("attn.proj.weight"),
             p("attn.proj.bias"),
             d("attn.proj.weight"),
@@ -262,8 +262,8 @@ void Stage<P>::set_moe(Block<P>& b, int unit, const K::Vec<T>& w, const K::Vec<G
   m.proj_b = p("proj.bias");
   m.dfc_w = d("fc.weight"), m.dfc_b = d("fc.bias"), m.dproj_w = d("proj.weight"),
   m.dproj_b = d("proj.bias");
-  m.C = int(dims_.C), m.Fl = int(dims_.F / coord_.T), m.E = int(dims_.n_expert);
-  m.El = int(dims_.n_expert / coord_.E), m.k = int(dims_.top_k);
+  m.C = int(dims_.C), m.Fl = int(dims_.F / coord_.tp), m.E = int(dims_.n_expert);
+  m.El = int(dims_.n_expert / coord_.ep), m.k = int(dims_.top_k);
   m.capacity_factor = dims_.capacity_factor, m.aux_coef = dims_.aux_loss_coef;
   m.aux_scale = aux_scale_;
   m.ep = ep_;
@@ -271,7 +271,7 @@ void Stage<P>::set_moe(Block<P>& b, int unit, const K::Vec<T>& w, const K::Vec<G
 
 template <class P>
 Embedding<P> Stage<P>::embedding(const K::Vec<T>& w, const K::Vec<G>& g) const {
-  const int Vl = int(dims_.Vpad / coord_.T);
+  const int Vl = int(dims_.Vpad / coord_.tp);
   auto d = [&](const char* n) { return g.data() ? tensor(g, u_emb_, n) : K::Vec<G>(); };
   return {tensor(w, u_emb_, "wte.weight"),
           tensor(w, u_emb_, "wpe.weight"),
@@ -289,7 +289,7 @@ Head<P> Stage<P>::head(const K::Vec<T>& w, const K::Vec<G>& g, const K::Vec<T>& 
   Head<P> h;
   h.lnf = {tensor(w, u_head_, "ln_f.weight"), tensor(w, u_head_, "ln_f.bias"), d("ln_f.weight"),
            d("ln_f.bias"), int(dims_.C)};
-  h.lm = {wte, K::Vec<T>(), dwte, K::Vec<G>(), int(dims_.C), int(dims_.Vpad / coord_.T)};
+  h.lm = {wte, K::Vec<T>(), dwte, K::Vec<G>(), int(dims_.C), int(dims_.Vpad / coord_.tp)};
   h.v_real = int(dims_.V);
   return h;
 }

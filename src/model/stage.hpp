@@ -78,8 +78,8 @@ class Stage {
  public:
   PTRAIN_POLICY_TYPES(P);
   // Parameters and gradients live in `store` (not owned; it must outlive the stage), or,
-  // when null, in a resident store the stage owns. With coord.T > 1 the stage is this
-  // rank's tensor-parallel shard and `tp` the group it reduces over. With coord.C > 1 it
+  // when null, in a resident store the stage owns. With coord.tp > 1 the stage is this
+  // rank's tensor-parallel shard and `tp` the group it reduces over. With coord.cp > 1 it
   // holds coord.c's share of each sequence (inputs, targets and activations are of
   // seq_len / C positions) and `cp` is the ring its attention runs on.
   Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout, int micro_batch,

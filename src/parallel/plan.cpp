@@ -31,8 +31,8 @@ int expert_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.cp
 model::ShardCoord shard_of(const Config& config, int t, int p, int e) {
   const auto& par = config.parallel;
   model::ShardCoord sc;
-  sc.t = t, sc.T = int(par.tp), sc.p = p, sc.P = int(par.pp), sc.e = e, sc.E = int(par.ep);
-  sc.C = int(par.cp), sc.cp_zigzag = par.cp_layout == "zigzag";
+  sc.t = t, sc.tp = int(par.tp), sc.p = p, sc.pp = int(par.pp), sc.e = e, sc.ep = int(par.ep);
+  sc.cp = int(par.cp), sc.cp_zigzag = par.cp_layout == "zigzag";
   sc.virtual_stages = int(par.virtual_stages);
   return sc;
 }
@@ -233,7 +233,7 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   for (const auto& ch : chunks) {  // each stage carves its slots and its own scratch
     const auto act =
         model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
-                                config.parallel.sequence_parallel && coord.T > 1, recompute);
+                                config.parallel.sequence_parallel && coord.tp > 1, recompute);
     const double slots = double(in_flight[std::size_t(ch.chunk)]);
     est.bytes[idx(MemCategory::activations)] +=
         double(act.kept(ch.n_layers)) * slots * w + double(act.recompute) * w +
@@ -253,7 +253,7 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   // with wte but not both ends, the whole-tensor buffer its gradient is summed in.
   if (config.parallel.pp > 1) {
     const auto shape = model::act_shape(d, coord, config.train.micro_batch, T,
-                                        config.parallel.sequence_parallel && coord.T > 1);
+                                        config.parallel.sequence_parallel && coord.tp > 1);
     est.bytes[idx(MemCategory::comm)] += double(needs.buffers) * double(shape.R * d.C) * w;
     for (const auto& ch : chunks)
       for (const auto& t : ch.tensors)
@@ -806,7 +806,7 @@ std::string context_parallel_line(const Config& config) {
   Config whole = config;  // the same grid with every rank holding whole sequences
   whole.parallel.cp = 1;
   model::ShardCoord sc1 = sc;
-  sc1.C = 1;
+  sc1.cp = 1;
   const int act = idx(MemCategory::activations);
   const double here = estimate_memory(config, sc).bytes[act];
   const double at1 = estimate_memory(whole, sc1).bytes[act];

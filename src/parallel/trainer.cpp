@@ -21,13 +21,13 @@ namespace {
 model::ShardCoord shard_coord(const Config& config, const Grid& grid) {
   model::ShardCoord c;
   c.t = grid.coord(Axis::t);
-  c.T = grid.size(Axis::t);
+  c.tp = grid.size(Axis::t);
   c.p = grid.coord(Axis::p);
-  c.P = grid.size(Axis::p);
+  c.pp = grid.size(Axis::p);
   c.e = grid.coord(Axis::e);
-  c.E = grid.size(Axis::e);
+  c.ep = grid.size(Axis::e);
   c.c = grid.coord(Axis::c);
-  c.C = grid.size(Axis::c);
+  c.cp = grid.size(Axis::c);
   c.cp_zigzag = config.parallel.cp_layout == "zigzag";
   c.virtual_stages = int(config.parallel.virtual_stages);
   return c;
@@ -91,7 +91,7 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
       data_(data::open_source(data::spec_from_config(config))),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
-  const int stages = coord.P, v = coord.virtual_stages, mb = int(config.train.micro_batch);
+  const int stages = coord.pp, v = coord.virtual_stages, mb = int(config.train.micro_batch);
   // Micro-batches per step: the deck makes every batch rank's slice a multiple of mb.
   micro_batches_ = int(my_slice(config.train.global_batch).second / mb);
   const int m = micro_batches_;
@@ -122,10 +122,10 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   if (stages > 1 && grid.in_group(GroupKind::embed))
     ends_ = std::make_unique<MpiComm>(grid.comm(GroupKind::embed), "embed");
   // This rank's positions of every sample (all of them without context parallelism).
-  if (coord.C > 1)
+  if (coord.cp > 1)
     positions_ = model::sequence_positions(
-        model::sequence_pieces(config.model.seq_len, coord.c, coord.C, coord.cp_zigzag));
-  const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len / coord.C);
+        model::sequence_pieces(config.model.seq_len, coord.c, coord.cp, coord.cp_zigzag));
+  const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len / coord.cp);
   inputs_.resize(n);
   targets_.resize(n);
 }
