@@ -26,13 +26,17 @@ std::int64_t max_unit(const std::vector<Unit>& units, bool embedding) {
   return m;
 }
 
-// The bf16 wire's receive buffer for unit u: per run, D blocks of the largest rank's part
-// (every rank's layout of it is the same, so sizes agree across ranks and with the plan).
+// Room a run part's blocks take in a bf16-wire receive buffer: D blocks of the largest rank's
+// part (the same on every rank, so sizes agree across ranks and with the plan).
+std::int64_t wire_block_stride(const ShardMap::Cut& c) {
+  return std::int64_t(c.counts.size()) * *std::max_element(c.counts.begin(), c.counts.end());
+}
+
+// The bf16 wire's receive buffer for unit u: its run parts' blocks one after the other.
 std::int64_t wire_recv_size(const ShardMap& map, const Unit& u) {
   std::int64_t n = 0;
   map.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
-    const auto counts = map.cut(run, a, b).counts;
-    n += std::int64_t(counts.size()) * *std::max_element(counts.begin(), counts.end());
+    n += wire_block_stride(map.cut(run, a, b));
   });
   return n;
 }
@@ -438,10 +442,6 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
   }
 
   // Waits for window w's reduce-scatters and adds the received parts into the shard.
-  // Where run part c's blocks start after the previous one's in a wire receive buffer.
-  static std::int64_t wire_block_stride(const ShardMap::Cut& c) {
-    return std::int64_t(c.counts.size()) * *std::max_element(c.counts.begin(), c.counts.end());
-  }
 
   void fold(Window<G>& w) {
     if (!w.pending_fold) return;
