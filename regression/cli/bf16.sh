@@ -53,25 +53,24 @@ fi
 g=(--set model%dtype="'bf16'" --set run%eval_every=0 --set train%micro_batch=8)
 run 2 g32 "$deck" "${g[@]}"
 run 2 g16 "$deck" "${g[@]}" --set parallel%grad_dtype="'bf16'"
-b32=$(col g32 bytes_dense_grad) b16=$(col g16 bytes_dense_grad)
-echo "bytes_dense_grad per step: fp32 gradients $b32, bf16 gradients $b16"
-awk -v a="$b16" -v b="$b32" 'BEGIN { exit !(b > 0 && a > 0.49 * b && a < 0.51 * b) }' ||
-  fail "grad_dtype='bf16': bytes_dense_grad $b16 is not half of $b32"
-l32=$(col g32 loss) l16=$(col g16 loss)
-echo "last loss: fp32 gradients $l32, bf16 gradients $l16"
-within "$l16" "$l32" 0.01 || fail "grad_dtype='bf16': last loss $l16 not within 1% of $l32"
+compare_traffic() {  # compare_traffic KEY REF RUN LO HI: RUN's dense-grad bytes in (LO, HI) of
+  # REF's, and its last loss within 1% of REF's
+  local key=$1 ref=$2 got=$3 lo=$4 hi=$5
+  local b_ref b_got l_ref l_got
+  b_ref=$(col "$ref" bytes_dense_grad) b_got=$(col "$got" bytes_dense_grad)
+  l_ref=$(col "$ref" loss) l_got=$(col "$got" loss)
+  echo "$key: bytes_dense_grad per step $b_ref -> $b_got, last loss $l_ref -> $l_got"
+  awk -v a="$b_got" -v b="$b_ref" -v lo="$lo" -v hi="$hi" 'BEGIN { exit !(b > 0 && a > lo * b && a < hi * b) }' ||
+    fail "$key: bytes_dense_grad $b_got is not within ($lo, $hi) of $b_ref"
+  within "$l_got" "$l_ref" 0.01 || fail "$key: last loss $l_got not within 1% of $l_ref"
+}
+compare_traffic "grad_dtype='bf16'" g32 g16 0.49 0.51
 
 # The bf16 wire (ZeRO 2, m = 1 micro-batch a step): the reduce-scatter moves bf16 instead of
 # fp32, the parameter all-gather bf16 either way: (D-1)/D N (2 + 2) bytes against (4 + 2).
 run 2 w32 "$deck" "${g[@]}" --set parallel%zero=2
 run 2 w16 "$deck" "${g[@]}" --set parallel%zero=2 --set parallel%wire_dtype="'bf16'"
-b32=$(col w32 bytes_dense_grad) b16=$(col w16 bytes_dense_grad)
-echo "bytes_dense_grad per step, ZeRO 2: fp32 wire $b32, bf16 wire $b16"
-awk -v a="$b16" -v b="$b32" 'BEGIN { exit !(b > 0 && a > 0.66 * b && a < 0.67 * b) }' ||
-  fail "wire_dtype='bf16': bytes_dense_grad $b16 is not 4/6 of $b32"
-l32=$(col w32 loss) l16=$(col w16 loss)
-echo "last loss: fp32 wire $l32, bf16 wire $l16"
-within "$l16" "$l32" 0.01 || fail "wire_dtype='bf16': last loss $l16 not within 1% of $l32"
+compare_traffic "wire_dtype='bf16' (ZeRO 2)" w32 w16 0.66 0.67
 
 # 3. Checkpoints hold the fp32 masters.
 c=(--set run%eval_every=0 --set run%log_every=1 --set backend%peak_gflops=100)
