@@ -37,6 +37,7 @@
 #include "parallel/plan.hpp"
 #include "parallel/report.hpp"
 #include "parallel/trainer.hpp"
+#include "util/device_guard.hpp"
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
@@ -180,6 +181,7 @@ struct KokkosScope {
     args.disable_warnings = true;
     Kokkos::initialize(args);
 #endif
+    device_guard::install();
   }
   ~KokkosScope() { Kokkos::finalize(); }
   KokkosScope(const KokkosScope&) = delete;
@@ -401,6 +403,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
 int guarded_main(int argc, char** argv) {
   signals::install_stop_handlers();  // a stop signal during set-up is a request, not a kill
   int provided = 0;  // only the main thread calls MPI; Kokkos OpenMP threads never do
+  device_guard::prepare_mpi();
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -6,6 +6,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 
+#include "util/device_guard.hpp"
 #include "util/log.hpp"
 
 namespace {
@@ -24,11 +25,13 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ptrain::device_guard::prepare_mpi();
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ptrain::log::set_rank(rank);
   Kokkos::initialize(argc, argv);
+  ptrain::device_guard::install();
   testing::InitGoogleTest(&argc, argv);
   if (rank != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();

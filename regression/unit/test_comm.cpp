@@ -2,7 +2,9 @@
 // comm/: every operation of MpiComm on the world group, for every element type, against
 // values computed here rank by rank (integers, so every sum is exact in every type); and
 // the counters: bytes per operation by the formulas of comm/comm.hpp, exposed time, one
-// table row per kind of group shared by its Comms, size-1 groups not "used".
+// table row per kind of group shared by its Comms, size-1 groups not "used". Every operation
+// runs on the transport PTRAIN_TEST_TRANSPORT: direct MPI here, the staged transport (host
+// copies in and out around each operation) in test_comm_staged.cpp, which includes this file.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -20,6 +22,10 @@
 #include "util/error.hpp"
 
 using namespace ptrain;
+
+#ifndef PTRAIN_TEST_TRANSPORT
+#define PTRAIN_TEST_TRANSPORT Transport::mpi
+#endif
 using ptrain::test::world_rank;
 using ptrain::test::world_size;
 
@@ -79,7 +85,7 @@ TYPED_TEST_SUITE(CommOps, ElementTypes);
 // bf16(float(a) + float(b)), exactly (fp32 addition commutes). Random values, so that most
 // sums round; a NaN on one rank stays NaN.
 TEST(CommBf16, TwoRanksSumInFp32AndRoundOnce) {
-  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
   if (c.size() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
   const std::size_t n = 4096;
   const test::HVec mine = test::random_vec(n, 11 + unsigned(c.rank()), -3, 3);
@@ -105,7 +111,7 @@ TEST(CommBf16, TwoRanksSumInFp32AndRoundOnce) {
 
 TYPED_TEST(CommOps, AllReduceSumAndMax) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
   const std::size_t n = 37;
   std::vector<T> sum(n), max(n);
   for (std::size_t i = 0; i < n; ++i) sum[i] = max[i] = T(value(c.rank(), i));
@@ -126,7 +132,7 @@ TYPED_TEST(CommOps, AllReduceSumAndMax) {
 
 TYPED_TEST(CommOps, ReduceScatterUnevenAndZeroCounts) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
   const int me = c.rank();
   for (bool reversed : {false, true}) {
     const std::vector<int> counts = uneven_counts(c.size(), reversed);
@@ -147,7 +153,7 @@ TYPED_TEST(CommOps, ReduceScatterUnevenAndZeroCounts) {
 
 TYPED_TEST(CommOps, AllGatherInPlaceAndNot) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
   const int me = c.rank();
   for (bool reversed : {false, true})
     for (bool in_place : {false, true}) {
@@ -170,7 +176,7 @@ TYPED_TEST(CommOps, AllGatherInPlaceAndNot) {
 // tag although the sends come in the other order.
 TYPED_TEST(CommOps, SendRecvRingMatchedByTag) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
   const int D = c.size(), me = c.rank(), left = (me + D - 1) % D, right = (me + 1) % D;
   const std::size_t n7 = 11, n8 = 4;
   std::vector<T> in7(n7 + 1, T(kSentinel)), in8(n8 + 1, T(kSentinel)), out7(n7), out8(n8);
@@ -187,7 +193,7 @@ TYPED_TEST(CommOps, SendRecvRingMatchedByTag) {
 
 TYPED_TEST(CommOps, AllToAll) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
   const std::size_t D = std::size_t(c.size()), n = 5;
   std::vector<T> send(D * n), recv(D * n + 1, T(kSentinel));
   for (std::size_t d = 0; d < D; ++d)
@@ -199,7 +205,7 @@ TYPED_TEST(CommOps, AllToAll) {
 
 TYPED_TEST(CommOps, AllToAllvUnevenAndZeroCounts) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops");
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
   const int D = c.size(), me = c.rank();
   auto sends = [](int from, int to) { return (from + 2 * to) % 3; };  // 0, 1 or 2 elements
   std::vector<int> send_counts(static_cast<std::size_t>(D)), recv_counts(send_counts);
@@ -217,7 +223,7 @@ TYPED_TEST(CommOps, AllToAllvUnevenAndZeroCounts) {
 // What each call adds to the Comm's bytes, against the formulas in comm/comm.hpp.
 TYPED_TEST(CommOps, BytesPerOperationAreTheFormulas) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-bytes");
+  MpiComm c(MPI_COMM_WORLD, "test-bytes", PTRAIN_TEST_TRANSPORT);
   const int me = c.rank();
   const double D = c.size(), w = sizeof(T);
   const auto calls0 = c.stats().calls;
@@ -267,7 +273,8 @@ TEST(CommTable, RowsStartWithTheGridGroupsInOrder) {
 
 TEST(CommTable, CommsOfOneKindShareARow) {
   const auto before = traffic_by_group();
-  MpiComm a(MPI_COMM_WORLD, "test-shared"), b(MPI_COMM_WORLD, "test-shared");
+  MpiComm a(MPI_COMM_WORLD, "test-shared", PTRAIN_TEST_TRANSPORT),
+      b(MPI_COMM_WORLD, "test-shared", PTRAIN_TEST_TRANSPORT);
   std::vector<double> x(20, 1.0);
   a.all_reduce_sum(x.data(), 20).wait();
   b.all_reduce_sum(x.data(), 7).wait();
@@ -291,7 +298,7 @@ TEST(CommTable, CommsOfOneKindShareARow) {
 }
 
 TEST(CommTable, SizeOneGroupsAreNotUsed) {
-  MpiComm self(MPI_COMM_SELF, "test-self");
+  MpiComm self(MPI_COMM_SELF, "test-self", PTRAIN_TEST_TRANSPORT);
   double x[4] = {1, 2, 3, 4};
   self.all_reduce_sum(x, 4).wait();
   EXPECT_EQ(x[3], 4);
@@ -301,14 +308,14 @@ TEST(CommTable, SizeOneGroupsAreNotUsed) {
   EXPECT_EQ(t.stats.bytes, 0);
   EXPECT_EQ(t.stats.calls, 1);
   // Once a Comm of a kind spans ranks, the kind is used.
-  MpiComm world(MPI_COMM_WORLD, "test-self");
+  MpiComm world(MPI_COMM_WORLD, "test-self", PTRAIN_TEST_TRANSPORT);
   EXPECT_EQ(row(traffic_by_group(), "test-self").used, world_size() > 1);
 }
 
 // Time blocked in a wait (or in all_reduce_sum_now) is exposed time, of the Comm and its row.
 TEST(CommTable, WaitsCountAsExposedTime) {
   if (world_size() == 1) GTEST_SKIP() << "needs a second rank to wait for";
-  MpiComm c(MPI_COMM_WORLD, "test-exposed");
+  MpiComm c(MPI_COMM_WORLD, "test-exposed", PTRAIN_TEST_TRANSPORT);
   double x = 1;
   if (world_rank() == 0) {
     usleep(60000);
@@ -327,7 +334,7 @@ TEST(CommTable, WaitsCountAsExposedTime) {
 }
 
 TEST(CommErrors, BadArgumentsAreRefusedBeforeMpi) {
-  MpiComm c(MPI_COMM_WORLD, "test-errors");
+  MpiComm c(MPI_COMM_WORLD, "test-errors", PTRAIN_TEST_TRANSPORT);
   std::vector<double> x(8);
   EXPECT_THROW(c.all_gather(x.data(), x.data(), std::vector<int>(std::size_t(c.size()) + 1, 1)),
                Error);
@@ -339,3 +346,11 @@ TEST(CommErrors, BadArgumentsAreRefusedBeforeMpi) {
 }
 
 }  // namespace
+
+TEST(CommTransport, TheTransportAskedForIsTheOneUsed) {
+  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  EXPECT_EQ(c.transport(), PTRAIN_TEST_TRANSPORT);
+  // On a CPU build tensor memory is host memory: MPI reaches it directly.
+  EXPECT_EQ(default_transport(), Transport::mpi);
+  EXPECT_STREQ(to_string(Transport::staged_mpi), "staged-mpi");
+}

@@ -92,11 +92,10 @@ RunRecord train(const Config& c, MPI_Comm comm) {
     // The masters this rank updates, at their flat places (NaN elsewhere: held by others).
     auto& dp = trainer.data_parallel();
     std::vector<double> local(std::size_t(dp.layout().numel), std::nan(""));
-    const auto masters =
-        Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dp.update_params());
+    const auto masters = staging::to_host(dp.update_params());
     for (const auto& p : dp.update_pieces())
       for (std::int64_t i = p.lo; i < p.hi; ++i)
-        local[std::size_t(i)] = double(masters(std::size_t(p.at + i - p.lo)));
+        local[std::size_t(i)] = double(masters[std::size_t(p.at + i - p.lo)]);
     run.weights = global_weights(c, trainer.stage().layout(), local, comm);
   }
   return run;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/layout.hpp"
+#include "util/staging.hpp"
 
 namespace ptrain::test {
 
@@ -40,21 +41,31 @@ inline HVec random_vec(std::size_t n, unsigned seed, double lo = -1, double hi =
   return v;
 }
 
+// Tensors to and from the host through util/staging.hpp, as the program moves them.
 template <class T>
 inline Kokkos::View<T*> dev(const HVec& h) {
   Kokkos::View<T*> v("dev", h.size());
-  auto m = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < h.size(); ++i) m(i) = T(h[i]);
-  Kokkos::deep_copy(v, m);
+  std::vector<T> m(h.begin(), h.end());
+  staging::from_host(v, m.data(), m.size());
   return v;
 }
 
 template <class T>
 inline HVec host(const Kokkos::View<T*>& v) {
-  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  HVec h(v.extent(0));
-  for (std::size_t i = 0; i < h.size(); ++i) h[i] = double(m(i));
-  return h;
+  const auto m = staging::to_host(v);
+  return HVec(m.begin(), m.end());
+}
+
+// One element of a tensor, read or written from the host.
+template <class T>
+inline double get(const Kokkos::View<T*>& v, std::size_t i) {
+  return double(
+      staging::to_host(Kokkos::View<T*>(Kokkos::subview(v, Kokkos::make_pair(i, i + 1))))[0]);
+}
+template <class T>
+inline void set(const Kokkos::View<T*>& v, std::size_t i, double x) {
+  const T value(x);
+  staging::from_host(Kokkos::View<T*>(Kokkos::subview(v, Kokkos::make_pair(i, i + 1))), &value, 1);
 }
 
 inline double dot(const HVec& a, const HVec& b) {

@@ -8,6 +8,7 @@
 
 #include "util/error.hpp"
 #include "util/memory.hpp"
+#include "util/staging.hpp"
 
 using namespace ptrain;
 
@@ -69,6 +70,7 @@ int huge_pages_eligible(const void* p) {
 }  // namespace
 
 TEST(Util, LargeTrackedViewStartsOnAHugePageZeroedAndCountsItsOwnBytes) {
+  if (device_guard::kEnabled) GTEST_SKIP() << "the device guard maps each TrackedView itself";
   const std::size_t n = 3 * memory::kHugePage / sizeof(float) + 7;
   const auto base = memory::stats().current[int(MemCategory::activations)];
   Kokkos::View<float*> copy;
@@ -78,7 +80,8 @@ TEST(Util, LargeTrackedViewStartsOnAHugePageZeroedAndCountsItsOwnBytes) {
     ASSERT_EQ(big.size(), n);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.data()) % memory::kHugePage, 0u);
     std::size_t nonzero = 0;
-    for (std::size_t i = 0; i < n; ++i) nonzero += big[i] != 0.0f;
+    staging::HostView<float> host(big.view(), staging::Access::read);
+    for (std::size_t i = 0; i < n; ++i) nonzero += host[i] != 0.0f;
     EXPECT_EQ(nonzero, 0u);
     const std::string thp = transparent_huge_pages_setting();
     if (thp == "always" || thp == "madvise") {
@@ -96,4 +99,59 @@ TEST(Util, FormatBytes) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");
   EXPECT_EQ(format_bytes(3.0 * 1024 * 1024 * 1024), "3.00 GiB");
+}
+
+// ---- the device guard (a PTRAIN_DEVICE_GUARD=ON build; skipped elsewhere) ---------------
+
+// A macro: GTEST_SKIP returns from the function it is written in. Death tests fork only (the
+// "fast" style): a re-executed child would initialise MPI again.
+#define PTRAIN_SKIP_UNLESS_GUARDED()                                                             \
+  if (!device_guard::kEnabled) GTEST_SKIP() << "not a device guard build (PTRAIN_DEVICE_GUARD)"; \
+  testing::FLAGS_gtest_death_test_style = "fast"
+
+TEST(DeviceGuard, KernelsCopiesAndStagingScopesMayTouchTensors) {
+  PTRAIN_SKIP_UNLESS_GUARDED();
+  TrackedView<float> t(MemCategory::activations, "open", 3000);
+  Kokkos::View<float*> v = t.view();
+  Kokkos::parallel_for(
+      "test::fill", v.extent(0), KOKKOS_LAMBDA(std::size_t i) { v(i) = float(i); });
+  std::vector<float> back = staging::to_host(v);
+  EXPECT_EQ(back[2999], 2999.0f);
+  {
+    staging::HostView<float> host(v, staging::Access::read_write);
+    host[7] = -1.0f;
+  }
+  std::vector<float> in(3000, 0.5f);
+  staging::from_host(v, in.data(), 10);
+  EXPECT_EQ(staging::to_host(v)[7], 0.5f);
+  EXPECT_EQ(staging::to_host(v)[10], 10.0f);
+}
+
+TEST(DeviceGuard, CatchesAHostReadAndNamesTheTensor) {
+  PTRAIN_SKIP_UNLESS_GUARDED();
+  TrackedView<float> t(MemCategory::activations, "planted", 4096);
+  const float* p = t.data();
+  EXPECT_DEATH(
+      {
+        volatile float x = p[1000];
+        (void)x;
+      },
+      "host code touched tensor 'planted' at byte 4000 of 16384");
+}
+
+TEST(DeviceGuard, CatchesAKernelWritingABufferLentToComm) {
+  PTRAIN_SKIP_UNLESS_GUARDED();
+  TrackedView<float> t(MemCategory::grads, "bucket", 8192);
+  Kokkos::View<float*> v = t.view();
+  // A Comm all-reduce holds the middle of the buffer; a kernel may still write the rest.
+  device_guard::lend(t.data() + 2048, 4096 * sizeof(float), "all-reduce", false);
+  Kokkos::parallel_for(
+      "test::outside", 1024, KOKKOS_LAMBDA(int i) { v(i) = 1.0f; });
+  EXPECT_DEATH(Kokkos::parallel_for(
+                   "test::race", 1, KOKKOS_LAMBDA(int) { v(4000) = 1.0f; }),
+               "'test::race' touched tensor 'bucket' at byte 16000 of 32768 while it is lent to "
+               "a Comm all-reduce");
+  device_guard::give_back(t.data() + 2048, 4096 * sizeof(float));
+  Kokkos::parallel_for(
+      "test::after", 1, KOKKOS_LAMBDA(int) { v(4000) = 1.0f; });
 }

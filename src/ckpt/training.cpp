@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -18,6 +20,7 @@
 #include "util/log.hpp"
 #include "util/memory.hpp"
 #include "util/mpi.hpp"
+#include "util/staging.hpp"
 #include "util/version.hpp"
 
 namespace ptrain::ckpt {
@@ -70,24 +73,41 @@ TensorPredicate state_holder(const Config& config, const Grid& grid) {
 }
 
 // What this rank owns of the master weights and, with `moments`, of the optimizer's moments
-// (the policy's master type: fp32 in a bf16 run, so checkpoints keep their format). V is the
+// (the policy's master type: fp32 in a bf16 run, so checkpoints keep their format), staged on
+// the host for the writer or reader (util/staging.hpp: the tensors themselves on a CPU build,
+// host copies of them on a GPU, written back when a load's OwnedState ends). V is the
 // element type the writer or reader sees (const for writing).
+template <class V>
+struct OwnedState {
+  using T = std::remove_const_t<V>;
+  std::vector<std::unique_ptr<staging::HostView<T>>> staged;
+  Buffers<V> buffers;
+
+  V* stage(const Kokkos::View<T*>& tensor, std::size_t at, std::size_t n) {
+    const auto access = std::is_const_v<V> ? staging::Access::read : staging::Access::read_write;
+    staged.push_back(std::make_unique<staging::HostView<T>>(
+        Kokkos::subview(tensor, Kokkos::make_pair(at, at + n)), access));
+    return staged.back()->data();
+  }
+};
+
 template <class V, class P>
-Buffers<V> owned_state(parallel::Trainer<P>& trainer, bool moments = true) {
-  Buffers<V> b;
+OwnedState<V> owned_state(parallel::Trainer<P>& trainer, bool moments = true) {
+  OwnedState<V> s;
+  Buffers<V>& b = s.buffers;
   b.moments = moments && !trainer.optimizer(0).state().empty();
   for (int c = 0; c < trainer.chunks(); ++c) {
     auto& dp = trainer.data_parallel(c);
     // One range per piece of the update (two or more with experts sharded apart).
     for (const auto& p : dp.update_pieces()) {
       const auto lo = std::size_t(p.lo), hi = std::size_t(p.hi), at = std::size_t(p.at);
-      b.params.push_back({dp.update_params().data() + at, lo, hi, c});
+      b.params.push_back({s.stage(dp.update_params(), at, hi - lo), lo, hi, c});
       if (b.moments)
         for (const auto& [name, view] : trainer.optimizer(c).state())
-          (name == "m" ? b.m : b.v).push_back({view.data() + at, lo, hi, c});
+          (name == "m" ? b.m : b.v).push_back({s.stage(view, at, hi - lo), lo, hi, c});
     }
   }
-  return b;
+  return s;
 }
 
 // Why `dir` is no folder to write in, or "". With `create` it is made when missing; without,
@@ -189,9 +209,10 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>
   }
   CheckpointLoadReport report;
   const auto state = users_file<CheckpointState>([&] {
+    const OwnedState<T> owned = owned_state<T>(trainer);  // written back as it ends
     return load_checkpoint<T>(config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD,
-                              trainer.layouts(), owned_state<T>(trainer),
-                              state_holder(config, grid), &report);
+                              trainer.layouts(), owned.buffers, state_holder(config, grid),
+                              &report);
   });
   for (int c = 0; c < trainer.chunks(); ++c) {
     trainer.data_parallel(c).finish_step();  // masters -> compute weights; ZeRO 1/2: gathered
@@ -220,9 +241,10 @@ void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer,
       {"ptrain_version", PTRAIN_VERSION},    {"deck", deck::echo(config)},
       {"grid", grid.shape().str()},          {"zero", std::to_string(config.parallel.zero)},
       {"compute_dtype", config.model.dtype}, {"run", config.run.name}};
-  const auto report = save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
-                                         owned_state<const T>(trainer), state_holder(config, grid),
-                                         state, attrs, int(config.checkpoint.keep));
+  const auto report =
+      save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
+                         owned_state<const T>(trainer).buffers, state_holder(config, grid), state,
+                         attrs, int(config.checkpoint.keep));
   log::info(cat("checkpoint: step ", step, " ", saved(report)));
 }
 
@@ -236,7 +258,7 @@ void save_final(const Config& config, const Grid& grid, parallel::Trainer<P>& tr
                                                  {"compute_dtype", config.model.dtype},
                                                  {"step", std::to_string(config.run.steps)}};
   const auto report = save_owned_weights<T>(path, MPI_COMM_WORLD, trainer.layouts(),
-                                            owned_state<const T>(trainer, false),
+                                            owned_state<const T>(trainer, false).buffers,
                                             state_holder(config, grid), attrs);
   log::info(cat("checkpoint: final weights ", saved(report)));
 }

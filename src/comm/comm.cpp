@@ -1,11 +1,15 @@
 #include "comm/comm.hpp"
 
+#include <Kokkos_Core.hpp>
 #include <climits>
 #include <deque>
+#include <functional>
 
 #include "comm/watchdog.hpp"
 #include "grid/layout.hpp"
+#include "util/device_guard.hpp"
 #include "util/error.hpp"
+#include "util/memory.hpp"
 #include "util/mpi.hpp"
 #include "util/timer.hpp"
 #include "util/trace.hpp"
@@ -129,7 +133,38 @@ void Comm::check_peer(int peer) const {
                  "' (", size_, " ranks)");
 }
 
-void Comm::all_reduce_sum_now(double* data, int n) { all_reduce_sum(data, std::size_t(n)).wait(); }
+void Comm::all_reduce_sum_now(double* data, int n) {
+  all_reduce_sum(data, std::size_t(n), Space::host).wait();
+}
+void Comm::all_reduce_max_now(double* data, int n) {
+  all_reduce_max(data, std::size_t(n), Space::host).wait();
+}
+
+void Comm::lend(Space where, const void* data, std::size_t bytes, bool comm_writes) {
+  if (where != Space::tensor || bytes == 0) return;
+  if (!fenced_) {  // the kernels that wrote it may still run on an asynchronous backend
+    Kokkos::DefaultExecutionSpace().fence();
+    fenced_ = true;
+  }
+  if constexpr (device_guard::kEnabled) {
+    device_guard::lend(data, bytes, op_, !comm_writes);
+    loans_.push_back(Request::Loan{data, bytes});
+  }
+}
+
+Request Comm::started(Started pending) {
+  Request r;
+  r.pending_ = std::move(pending);
+  r.comm_ = this;
+  r.op_ = op_;
+  r.seq_ = seq_;
+  r.loans_ = std::move(loans_);
+  loans_.clear();
+  fenced_ = false;
+  return r;
+}
+
+const char* to_string(Transport t) { return t == Transport::mpi ? "mpi" : "staged-mpi"; }
 
 // --- MPI ------------------------------------------------------------------------------------
 
@@ -220,52 +255,191 @@ std::vector<int> with_displacements(const std::vector<int>& counts) {
 
 }  // namespace
 
+void Request::complete() {
+  pending_->finish();
+  for (const Loan& l : loans_) device_guard::give_back(l.data, l.bytes);
+  loans_.clear();
+  pending_.reset();
+}
+
 Request& Request::operator=(Request&& o) noexcept {
   if (this != &o) {
-    if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
-    req_ = o.req_;
+    if (pending()) {
+      pending_->wait();
+      complete();
+    }
+    pending_ = std::move(o.pending_);
     comm_ = o.comm_;
     op_ = o.op_;
     seq_ = o.seq_;
-    args_ = std::move(o.args_);
-    o.req_ = MPI_REQUEST_NULL;
+    loans_ = std::move(o.loans_);
   }
   return *this;
 }
 
 Request::~Request() {
-  if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  if (pending()) {
+    pending_->wait();
+    complete();
+  }
 }
-
-Request::Request(MPI_Request r, Comm* c, std::vector<int> args)
-    : req_(r), comm_(c), op_(c->op_), seq_(c->seq_), args_(std::move(args)) {}
 
 void Request::wait() {
   if (!pending()) return;
   const double t0 = wall_seconds(), limit = watchdog::timeout_s();
   if (limit <= 0) {
-    check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "wait");
+    pending_->wait();
   } else {
-    // MPI_Wait would spin the same way; this spin also looks at the clock now and then.
-    int done = 0;
-    for (std::int64_t k = 0; !done; ++k) {
-      check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "test");
-      if (!done && (k & 1023) == 1023 && wall_seconds() - t0 > limit)
+    // A blocking wait would spin the same way; this spin also looks at the clock now and then.
+    for (std::int64_t k = 0; !pending_->test(); ++k)
+      if ((k & 1023) == 1023 && wall_seconds() - t0 > limit)
         comm_->report_hang(op_, seq_, wall_seconds() - t0);
-    }
   }
+  complete();
   if (comm_) comm_->blocked("wait", t0, wall_seconds());
 }
 
 bool Request::test() {
   if (!pending()) return true;
-  int done = 0;
-  check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "test");
-  return done != 0;
+  if (!pending_->test()) return false;
+  complete();
+  return true;
 }
 
-MpiComm::MpiComm(MPI_Comm comm, std::string name)
-    : Comm(name, query(comm, name, MPI_Comm_size), query(comm, name, MPI_Comm_rank)), comm_(comm) {
+namespace {
+
+// One MPI request, and what must outlive it: the counts and displacements of a v-collective
+// (MPI may read them until completion, so they live here rather than in the caller's often
+// temporary vectors) and the staged copies to make once it completes.
+class MpiPending final : public Request::Pending {
+ public:
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<int> args;
+  std::function<void()> on_completion;  // staged_mpi: results copied out, buffers released
+
+  // The MPI library moves lent buffers inside these calls (the device guard lets it).
+  bool test() override {
+    device_guard::CommAccess mpi;
+    int done = 0;
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "test");
+    return done != 0;
+  }
+  void wait() override {
+    device_guard::CommAccess mpi;
+    check(MPI_Wait(&request, MPI_STATUS_IGNORE), "wait");
+  }
+  void finish() override {
+    if (on_completion) on_completion();
+  }
+};
+
+}  // namespace
+
+// Host buffers for staged transfers: reused across operations, grown when an operation needs
+// more than any free one has. In a CUDA build they are pinned (page-locked), so the copies
+// run at the link's speed.
+class MpiComm::Staging {
+ public:
+#if defined(KOKKOS_ENABLE_CUDA)
+  using Memory = Kokkos::CudaHostPinnedSpace;
+#else
+  using Memory = Kokkos::HostSpace;
+#endif
+  using Buffer = Kokkos::View<char*, Memory>;
+
+  ~Staging() {
+    for (const Slot& s : slots_) memory::sub(MemCategory::comm, s.buffer.extent(0));
+  }
+  // A free buffer of at least `bytes` (its index), taken until give_back.
+  int take(std::size_t bytes) {
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (!slots_[i].taken && slots_[i].buffer.extent(0) >= bytes) {
+        slots_[i].taken = true;
+        return int(i);
+      }
+    // Rounded up to a power of two, so that slowly growing requests reuse buffers.
+    std::size_t size = 4096;
+    while (size < bytes) size *= 2;
+    slots_.push_back(
+        Slot{Buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "comm_staging"), size), true});
+    memory::add(MemCategory::comm, size);
+    return int(slots_.size()) - 1;
+  }
+  char* data(int i) { return slots_[std::size_t(i)].buffer.data(); }
+  void give_back(int i) { slots_[std::size_t(i)].taken = false; }
+
+ private:
+  struct Slot {
+    Buffer buffer;
+    bool taken;
+  };
+  std::vector<Slot> slots_;
+};
+
+namespace {
+
+using HostBytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+using TensorBytes = Kokkos::View<char*, Kokkos::DefaultExecutionSpace::memory_space,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+// Moves a buffer's contents between tensor memory and a host staging buffer.
+// The buffers are lent to the operation copying them: the guard lets Comm through.
+void copy_to_host(char* host, const void* tensor, std::size_t bytes) {
+  device_guard::CommAccess comm_copy;
+  Kokkos::deep_copy(HostBytes(host, bytes),
+                    TensorBytes(static_cast<char*>(const_cast<void*>(tensor)), bytes));
+}
+void copy_from_host(void* tensor, const char* host, std::size_t bytes) {
+  device_guard::CommAccess comm_copy;
+  Kokkos::deep_copy(TensorBytes(static_cast<char*>(tensor), bytes),
+                    HostBytes(const_cast<char*>(host), bytes));
+}
+
+// What the MPI call of one operation sees: each buffer itself, or its host copy.
+class StagedBuffers {
+ public:
+  StagedBuffers(MpiComm::Staging* staging, MpiPending& pending)
+      : staging_(staging), pending_(pending) {}
+  // The pointer MPI gets for [data, data + bytes): copied to the host first when `in`, copied
+  // back after completion when `out`.
+  template <class Ptr>
+  Ptr stage(Ptr data, std::size_t bytes, bool in, bool out) {
+    if (!staging_ || bytes == 0) return data;
+    const int slot = staging_->take(bytes);
+    char* host = staging_->data(slot);
+    if (in) copy_to_host(host, data, bytes);
+    slots_.push_back(slot);
+    if (out) outs_.push_back(Out{const_cast<void*>(static_cast<const void*>(data)), host, bytes});
+    return reinterpret_cast<Ptr>(host);
+  }
+  // The pending operation copies the results out and returns the buffers when it completes.
+  ~StagedBuffers() {
+    if (slots_.empty()) return;
+    pending_.on_completion = [staging = staging_, slots = slots_, outs = outs_] {
+      for (const Out& o : outs) copy_from_host(o.tensor, o.host, o.bytes);
+      for (int s : slots) staging->give_back(s);
+    };
+  }
+
+ private:
+  struct Out {
+    void* tensor;
+    const char* host;
+    std::size_t bytes;
+  };
+  MpiComm::Staging* staging_;
+  MpiPending& pending_;
+  std::vector<int> slots_;
+  std::vector<Out> outs_;
+};
+
+}  // namespace
+
+MpiComm::MpiComm(MPI_Comm comm, std::string name, Transport transport)
+    : Comm(name, query(comm, name, MPI_Comm_size), query(comm, name, MPI_Comm_rank)),
+      comm_(comm),
+      transport_(transport),
+      staging_(transport == Transport::staged_mpi ? std::make_unique<Staging>() : nullptr) {
   MPI_Group mine, world;
   MPI_Comm_group(comm_, &mine);
   MPI_Comm_group(MPI_COMM_WORLD, &world);
@@ -277,69 +451,117 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name)
   MPI_Group_free(&world);
 }
 
-Request MpiComm::do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n), mpi_type(t), mpi_op(t, op), comm_, &r),
+MpiComm::~MpiComm() = default;
+
+// Each start: the pending operation, and its buffers as MPI sees them (staged only for tensor
+// memory on the staged transport).
+#define PTRAIN_MPI_START(where)                  \
+  device_guard::CommAccess mpi;                  \
+  auto pending = std::make_unique<MpiPending>(); \
+  MPI_Request* r = &pending->request;            \
+  StagedBuffers staged(where == Space::tensor ? staging_.get() : nullptr, *pending)
+
+Comm::Started MpiComm::do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op, Space where) {
+  PTRAIN_MPI_START(where);
+  void* buf = staged.stage(data, n * type_size(t), true, true);
+  check(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(n), mpi_type(t), mpi_op(t, op), comm_, r),
         "Iallreduce");
-  return Request(r, this, {});
+  return pending;
 }
 
-Request MpiComm::do_reduce_scatter_sum(const void* send, void* recv, const std::vector<int>& counts,
-                                       DType t) {
-  std::vector<int> args(counts);
-  MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Ireduce_scatter(send, recv, args.data(), mpi_type(t), mpi_op(t, ReduceOp::sum), comm_,
-                            &r),
+Comm::Started MpiComm::do_reduce_scatter_sum(const void* send, void* recv,
+                                             const std::vector<int>& counts, DType t, Space where) {
+  PTRAIN_MPI_START(where);
+  pending->args = counts;
+  std::size_t n = 0;
+  for (int c : counts) n += std::size_t(c);
+  const void* s = staged.stage(send, n * type_size(t), true, false);
+  void* out =
+      staged.stage(recv, std::size_t(counts[std::size_t(rank())]) * type_size(t), false, true);
+  check(MPI_Ireduce_scatter(s, out, pending->args.data(), mpi_type(t), mpi_op(t, ReduceOp::sum),
+                            comm_, r),
         "Ireduce_scatter");
-  return Request(r, this, std::move(args));
+  return pending;
 }
 
-Request MpiComm::do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
-                               DType t) {
-  std::vector<int> args = with_displacements(counts);
-  const int* displs = args.data() + counts.size();
-  const std::size_t me = std::size_t(rank());
+Comm::Started MpiComm::do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
+                                     DType t, Space where) {
+  PTRAIN_MPI_START(where);
+  pending->args = with_displacements(counts);
+  const int* displs = pending->args.data() + counts.size();
+  const std::size_t me = std::size_t(rank()), size = type_size(t);
   // The caller's own piece may already sit in place inside recv.
-  const char* place = static_cast<const char*>(recv) + std::size_t(displs[me]) * type_size(t);
-  const void* mine = send == place ? MPI_IN_PLACE : send;
-  MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Iallgatherv(mine, counts[me], mpi_type(t), recv, args.data(), displs, mpi_type(t),
-                        comm_, &r),
+  const char* place = static_cast<const char*>(recv) + std::size_t(displs[me]) * size;
+  const bool in_place = send == place;
+  const std::size_t n = std::size_t(displs[counts.size() - 1] + counts.back());
+  // Staged in place: the whole of recv goes to the host, so this rank's piece is there too.
+  void* all = staged.stage(recv, n * size, in_place, true);
+  const void* mine =
+      in_place ? MPI_IN_PLACE : staged.stage(send, std::size_t(counts[me]) * size, true, false);
+  check(MPI_Iallgatherv(mine, counts[me], mpi_type(t), all, pending->args.data(), displs,
+                        mpi_type(t), comm_, r),
         "Iallgatherv");
-  return Request(r, this, std::move(args));
+  return pending;
 }
 
-Request MpiComm::do_send(const void* data, std::size_t n, DType t, int peer, int tag) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Isend(data, mpi_count(n), mpi_type(t), peer, tag, comm_, &r), "Isend");
-  return Request(r, this, {});
+Comm::Started MpiComm::do_send(const void* data, std::size_t n, DType t, int peer, int tag,
+                               Space where) {
+  PTRAIN_MPI_START(where);
+  const void* buf = staged.stage(data, n * type_size(t), true, false);
+  check(MPI_Isend(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, r), "Isend");
+  return pending;
 }
 
-Request MpiComm::do_recv(void* data, std::size_t n, DType t, int peer, int tag) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Irecv(data, mpi_count(n), mpi_type(t), peer, tag, comm_, &r), "Irecv");
-  return Request(r, this, {});
+Comm::Started MpiComm::do_recv(void* data, std::size_t n, DType t, int peer, int tag, Space where) {
+  PTRAIN_MPI_START(where);
+  void* buf = staged.stage(data, n * type_size(t), false, true);
+  check(MPI_Irecv(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, r), "Irecv");
+  return pending;
 }
 
-Request MpiComm::do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t) {
-  MPI_Request r = MPI_REQUEST_NULL;
+Comm::Started MpiComm::do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t,
+                                     Space where) {
+  PTRAIN_MPI_START(where);
   const int n = mpi_count(n_per_rank);
-  check(MPI_Ialltoall(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, &r), "Ialltoall");
-  return Request(r, this, {});
+  const std::size_t bytes = std::size_t(size()) * n_per_rank * type_size(t);
+  const void* s = staged.stage(send, bytes, true, false);
+  void* out = staged.stage(recv, bytes, false, true);
+  check(MPI_Ialltoall(s, n, mpi_type(t), out, n, mpi_type(t), comm_, r), "Ialltoall");
+  return pending;
 }
 
-Request MpiComm::do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
-                                const std::vector<int>& recv_counts, DType t) {
-  std::vector<int> args = with_displacements(send_counts);
+Comm::Started MpiComm::do_all_to_allv(const void* send, const std::vector<int>& send_counts,
+                                      void* recv, const std::vector<int>& recv_counts, DType t,
+                                      Space where) {
+  PTRAIN_MPI_START(where);
+  pending->args = with_displacements(send_counts);
   const std::vector<int> recv_args = with_displacements(recv_counts);
-  args.insert(args.end(), recv_args.begin(), recv_args.end());
-  const int* a = args.data();  // send counts, send displs, recv counts, recv displs
-  const std::size_t D = send_counts.size();
-  MPI_Request r = MPI_REQUEST_NULL;
-  check(MPI_Ialltoallv(send, a, a + D, mpi_type(t), recv, a + 2 * D, a + 3 * D, mpi_type(t), comm_,
-                       &r),
+  pending->args.insert(pending->args.end(), recv_args.begin(), recv_args.end());
+  const int* a = pending->args.data();  // send counts, send displs, recv counts, recv displs
+  const std::size_t D = send_counts.size(), size = type_size(t);
+  std::size_t sent = 0, received = 0;
+  for (std::size_t i = 0; i < D; ++i)
+    sent += std::size_t(a[i]), received += std::size_t(a[2 * D + i]);
+  const void* s = staged.stage(send, sent * size, true, false);
+  void* out = staged.stage(recv, received * size, false, true);
+  check(MPI_Ialltoallv(s, a, a + D, mpi_type(t), out, a + 2 * D, a + 3 * D, mpi_type(t), comm_, r),
         "Ialltoallv");
-  return Request(r, this, std::move(args));
+  return pending;
+}
+#undef PTRAIN_MPI_START
+
+Transport default_transport() {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           Kokkos::DefaultExecutionSpace::memory_space>::accessible)
+    return Transport::mpi;
+  return mpi::cuda_aware() ? Transport::mpi : Transport::staged_mpi;
+}
+
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, Transport asked) {
+  return std::make_unique<MpiComm>(comm, std::move(name), asked);
+}
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name) {
+  return make_comm(comm, std::move(name), default_transport());
 }
 
 }  // namespace ptrain

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -47,16 +48,32 @@ constexpr DType dtype_of() {
     static_assert(sizeof(T) == 0, "unsupported element type");
 }
 
-// A pending operation. Move-only; wait() blocks (timed as exposed time of its Comm). It
-// holds an MPI request because MpiComm is the only implementation so far; the NCCL one
-// will need its own kind of handle here.
+// Where a buffer lives. Tensor memory is Kokkos' default memory space (the GPU's in a CUDA
+// build): every start is ordered after the kernels that wrote it, and where MPI cannot reach
+// that memory (staged transport) it travels through pinned host buffers. Host memory (routing
+// counts, scalars, statistics) is passed to MPI as it is.
+enum class Space { tensor, host };
+
+// How a Comm reaches its buffers (make_comm): MPI on them directly, or MPI on host copies
+// (the buffers staged in before the start and out after completion).
+enum class Transport { mpi, staged_mpi };
+const char* to_string(Transport t);
+
+// A pending operation. Move-only; wait() blocks (timed as exposed time of its Comm). What
+// the implementation holds for it (an MPI request, staged copies) sits behind Pending.
 class Request {
  public:
+  // One operation in flight, as an implementation keeps it.
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual bool test() = 0;  // complete now? (drives the library's progress)
+    virtual void wait() = 0;  // blocks until complete
+    virtual void finish() {}  // after completion: staged results copied into place
+  };
+
   Request() = default;
-  Request(Request&& o) noexcept
-      : req_(o.req_), comm_(o.comm_), op_(o.op_), seq_(o.seq_), args_(std::move(o.args_)) {
-    o.req_ = MPI_REQUEST_NULL;
-  }
+  Request(Request&& o) noexcept = default;
   Request& operator=(Request&& o) noexcept;
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
@@ -66,18 +83,20 @@ class Request {
   // reports who has not arrived and aborts the job.
   void wait();
   bool test();  // true when complete; drives progress of the MPI library
-  bool pending() const { return req_ != MPI_REQUEST_NULL; }
+  bool pending() const { return pending_ != nullptr; }
 
  private:
-  friend class MpiComm;
-  Request(MPI_Request r, Comm* c, std::vector<int> args);
-  MPI_Request req_ = MPI_REQUEST_NULL;
+  friend class Comm;
+  struct Loan {  // tensor memory lent to the operation (the device guard's record)
+    const void* data;
+    std::size_t bytes;
+  };
+  void complete();  // finish, give the loans back, release
+  std::unique_ptr<Pending> pending_;
   Comm* comm_ = nullptr;
   const char* op_ = "";   // what it is ("all-reduce"), for the watchdog's report
   std::int64_t seq_ = 0;  // its number among the group kind's collectives (0: point-to-point)
-  // Counts and displacements of a v-collective: MPI may read them until completion, so
-  // they live here rather than in the caller's (often temporary) vectors.
-  std::vector<int> args_;
+  std::vector<Loan> loans_;
 };
 
 struct CommStats {
@@ -108,71 +127,91 @@ class Comm {
   int rank() const { return rank_; }
   const std::string& name() const { return name_; }
 
+  // Every operation takes its buffers' Space last (tensor memory unless said otherwise).
+
   // data[0..n) summed (or maxed) over the group, in place.
   template <class T>
-  Request all_reduce_sum(T* data, std::size_t n) {
+  Request all_reduce_sum(T* data, std::size_t n, Space where = Space::tensor) {
     count(2.0 * (size_ - 1) / size_ * double(n * sizeof(T)));
     enter("all-reduce");
-    return do_all_reduce(data, n, dtype_of<T>(), ReduceOp::sum);
+    lend(where, data, n * sizeof(T), true);
+    return started(do_all_reduce(data, n, dtype_of<T>(), ReduceOp::sum, where));
   }
   template <class T>
-  Request all_reduce_max(T* data, std::size_t n) {
+  Request all_reduce_max(T* data, std::size_t n, Space where = Space::tensor) {
     count(2.0 * (size_ - 1) / size_ * double(n * sizeof(T)));
     enter("all-reduce max");
-    return do_all_reduce(data, n, dtype_of<T>(), ReduceOp::max);
+    lend(where, data, n * sizeof(T), true);
+    return started(do_all_reduce(data, n, dtype_of<T>(), ReduceOp::max, where));
   }
   // send (sum of counts elements) summed over the group; rank r receives elements
   // [sum(counts[<r]), +counts[r]) of the sum into recv. Counts may be zero.
   template <class T>
-  Request reduce_scatter_sum(const T* send, T* recv, const std::vector<int>& counts) {
-    count(double(size_ - 1) / size_ * double(total(counts, "reduce_scatter") * sizeof(T)));
+  Request reduce_scatter_sum(const T* send, T* recv, const std::vector<int>& counts,
+                             Space where = Space::tensor) {
+    const std::size_t n = total(counts, "reduce_scatter");
+    count(double(size_ - 1) / size_ * double(n * sizeof(T)));
     enter("reduce-scatter");
-    return do_reduce_scatter_sum(send, recv, counts, dtype_of<T>());
+    lend(where, send, n * sizeof(T), false);
+    lend(where, recv, std::size_t(counts[std::size_t(rank_)]) * sizeof(T), true);
+    return started(do_reduce_scatter_sum(send, recv, counts, dtype_of<T>(), where));
   }
   // Rank r contributes counts[r] elements from send; every rank receives the concatenation
   // into recv (ranks in order). send may be this rank's own place inside recv.
   template <class T>
-  Request all_gather(const T* send, T* recv, const std::vector<int>& counts) {
-    count(double(size_ - 1) / size_ * double(total(counts, "all_gather") * sizeof(T)));
+  Request all_gather(const T* send, T* recv, const std::vector<int>& counts,
+                     Space where = Space::tensor) {
+    const std::size_t n = total(counts, "all_gather");
+    count(double(size_ - 1) / size_ * double(n * sizeof(T)));
     enter("all-gather");
-    return do_all_gather(send, recv, counts, dtype_of<T>());
+    lend(where, send, std::size_t(counts[std::size_t(rank_)]) * sizeof(T), false);
+    lend(where, recv, n * sizeof(T), true);
+    return started(do_all_gather(send, recv, counts, dtype_of<T>(), where));
   }
   // n elements to (from) group rank `peer`, matched by `tag`. A send counts n elements.
   template <class T>
-  Request send(const T* data, std::size_t n, int peer, int tag) {
+  Request send(const T* data, std::size_t n, int peer, int tag, Space where = Space::tensor) {
     check_peer(peer);
     count(double(n * sizeof(T)));
     point_to_point("send", peer);
-    return do_send(data, n, dtype_of<T>(), peer, tag);
+    lend(where, data, n * sizeof(T), false);
+    return started(do_send(data, n, dtype_of<T>(), peer, tag, where));
   }
   template <class T>
-  Request recv(T* data, std::size_t n, int peer, int tag) {
+  Request recv(T* data, std::size_t n, int peer, int tag, Space where = Space::tensor) {
     check_peer(peer);
     count(0);
     point_to_point("recv", peer);
-    return do_recv(data, n, dtype_of<T>(), peer, tag);
+    lend(where, data, n * sizeof(T), true);
+    return started(do_recv(data, n, dtype_of<T>(), peer, tag, where));
   }
   // Block r of n_per_rank elements of send goes to rank r; block r of recv comes from
   // rank r. send and recv do not overlap. Counts the blocks for the other ranks.
   template <class T>
-  Request all_to_all(const T* send, T* recv, std::size_t n_per_rank) {
+  Request all_to_all(const T* send, T* recv, std::size_t n_per_rank, Space where = Space::tensor) {
     count(double(size_ - 1) * double(n_per_rank * sizeof(T)));
     enter("all-to-all");
-    return do_all_to_all(send, recv, n_per_rank, dtype_of<T>());
+    lend(where, send, std::size_t(size_) * n_per_rank * sizeof(T), false);
+    lend(where, recv, std::size_t(size_) * n_per_rank * sizeof(T), true);
+    return started(do_all_to_all(send, recv, n_per_rank, dtype_of<T>(), where));
   }
   // As all_to_all with send_counts[r] elements to rank r and recv_counts[r] from it, each
   // side packed in rank order (displacements are the prefix sums). Counts may be zero.
   template <class T>
   Request all_to_allv(const T* send, const std::vector<int>& send_counts, T* recv,
-                      const std::vector<int>& recv_counts) {
-    total(recv_counts, "all_to_allv");  // checks there is one count per rank
+                      const std::vector<int>& recv_counts, Space where = Space::tensor) {
+    const std::size_t received = total(recv_counts, "all_to_allv");
     const std::size_t sent = total(send_counts, "all_to_allv");
     count(double((sent - std::size_t(send_counts[std::size_t(rank_)])) * sizeof(T)));
     enter("all-to-allv");
-    return do_all_to_allv(send, send_counts, recv, recv_counts, dtype_of<T>());
+    lend(where, send, sent * sizeof(T), false);
+    lend(where, recv, received * sizeof(T), true);
+    return started(do_all_to_allv(send, send_counts, recv, recv_counts, dtype_of<T>(), where));
   }
-  // Blocking sum of a few doubles (losses, norms): counted, and timed as exposed.
+  // Blocking sum (or maximum) of a few host doubles (losses, norms, statistics): counted,
+  // timed as exposed and watched by the watchdog like the rest.
   void all_reduce_sum_now(double* data, int n);
+  void all_reduce_max_now(double* data, int n);
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }  // this Comm's own; the table keeps counting
@@ -181,17 +220,22 @@ class Comm {
   // `name` is the kind of group ("dense-grad"): the table row, the log columns, the trace.
   Comm(std::string name, int size, int rank);
 
-  // The implementation's half: start the operation (element type t), nothing counted.
-  virtual Request do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) = 0;
-  virtual Request do_reduce_scatter_sum(const void* send, void* recv,
-                                        const std::vector<int>& counts, DType t) = 0;
-  virtual Request do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
-                                DType t) = 0;
-  virtual Request do_send(const void* data, std::size_t n, DType t, int peer, int tag) = 0;
-  virtual Request do_recv(void* data, std::size_t n, DType t, int peer, int tag) = 0;
-  virtual Request do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t) = 0;
-  virtual Request do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
-                                 const std::vector<int>& recv_counts, DType t) = 0;
+  // The implementation's half: start the operation (element type t, buffers in `where`),
+  // nothing counted. Tensor buffers were written by kernels that have completed (started()'s
+  // caller fenced them).
+  using Started = std::unique_ptr<Request::Pending>;
+  virtual Started do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op, Space where) = 0;
+  virtual Started do_reduce_scatter_sum(const void* send, void* recv,
+                                        const std::vector<int>& counts, DType t, Space where) = 0;
+  virtual Started do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
+                                DType t, Space where) = 0;
+  virtual Started do_send(const void* data, std::size_t n, DType t, int peer, int tag,
+                          Space where) = 0;
+  virtual Started do_recv(void* data, std::size_t n, DType t, int peer, int tag, Space where) = 0;
+  virtual Started do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t,
+                                Space where) = 0;
+  virtual Started do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
+                                 const std::vector<int>& recv_counts, DType t, Space where) = 0;
   // The world ranks of the members, in group order (the watchdog's report names them).
   std::vector<int> members_;
 
@@ -203,6 +247,11 @@ class Comm {
   void check_peer(int peer) const;
   void enter(const char* op);                     // a collective: next sequence number
   void point_to_point(const char* op, int peer);  // a message: no sequence number
+  // Before a start: the kernels that wrote tensor buffers have completed (a fence), and, in
+  // the device guard build, the buffer is lent to the operation (`comm_writes`: its result
+  // lands there, so kernels may not even read it until completion).
+  void lend(Space where, const void* data, std::size_t bytes, bool comm_writes);
+  Request started(Started pending);  // the Request of the operation just started
   [[noreturn]] void report_hang(const char* op, std::int64_t seq, double waited) const;
 
   std::string name_;
@@ -213,27 +262,47 @@ class Comm {
   const char* op_ = "";  // the operation being started (copied into its Request)
   std::int64_t seq_ = 0;
   int peer_ = -1;
+  bool fenced_ = false;               // this start's fence is done
+  std::vector<Request::Loan> loans_;  // this start's loans, handed to its Request
 };
 
-// The MPI implementation.
+// The MPI implementation: MPI on the buffers themselves, or (Transport::staged_mpi) on host
+// copies of tensor buffers, for an MPI that cannot reach device memory. Staging buffers
+// (pinned host memory in a CUDA build) are kept for reuse and counted under "comm".
 class MpiComm final : public Comm {
  public:
   // Does not own `comm` (the grid does).
-  MpiComm(MPI_Comm comm, std::string name);
+  MpiComm(MPI_Comm comm, std::string name, Transport transport = Transport::mpi);
+  ~MpiComm() override;
+  Transport transport() const { return transport_; }
+  class Staging;  // its host buffers (comm.cpp)
 
  private:
-  Request do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op) override;
-  Request do_reduce_scatter_sum(const void* send, void* recv, const std::vector<int>& counts,
-                                DType t) override;
-  Request do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
-                        DType t) override;
-  Request do_send(const void* data, std::size_t n, DType t, int peer, int tag) override;
-  Request do_recv(void* data, std::size_t n, DType t, int peer, int tag) override;
-  Request do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t) override;
-  Request do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
-                         const std::vector<int>& recv_counts, DType t) override;
+  Started do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op, Space where) override;
+  Started do_reduce_scatter_sum(const void* send, void* recv, const std::vector<int>& counts,
+                                DType t, Space where) override;
+  Started do_all_gather(const void* send, void* recv, const std::vector<int>& counts, DType t,
+                        Space where) override;
+  Started do_send(const void* data, std::size_t n, DType t, int peer, int tag,
+                  Space where) override;
+  Started do_recv(void* data, std::size_t n, DType t, int peer, int tag, Space where) override;
+  Started do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t,
+                        Space where) override;
+  Started do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
+                         const std::vector<int>& recv_counts, DType t, Space where) override;
 
   MPI_Comm comm_;
+  Transport transport_;
+  std::unique_ptr<Staging> staging_;  // staged_mpi only
 };
+
+// The transport for tensor memory in this build: MPI directly where it can reach it (host
+// memory, or a CUDA-aware MPI), else staged through host buffers.
+Transport default_transport();
+
+// Every Comm the program uses is made here: the transport `asked` (default_transport()
+// unless a test or the deck says otherwise), over the group's communicator (not owned).
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, Transport asked);
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name);
 
 }  // namespace ptrain

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "util/device_guard.hpp"
 #include "util/error.hpp"
 #include "util/memory.hpp"
 #include "util/timer.hpp"
@@ -121,6 +122,7 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha
   }
   // Kokkos kernels may still be running on an asynchronous backend.
   Kokkos::fence();
+  device_guard::HostAccess host("gemm");  // CBLAS reads and writes the views from the host
   call_cblas(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
              alpha, K > 0 ? A.data() + a_offset : nullptr, lda,
              K > 0 ? B.data() + b_offset : nullptr, ldb, beta, C.data() + c_offset, ldc);

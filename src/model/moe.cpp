@@ -9,6 +9,7 @@
 #include "model/layers.hpp"
 #include "util/error.hpp"
 #include "util/profile.hpp"
+#include "util/staging.hpp"
 
 namespace ptrain::model {
 
@@ -20,15 +21,14 @@ using kernels::slice;
 
 template <class T>
 std::vector<double> to_host(const K::Vec<T>& v, std::int64_t n) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), slice(v, 0, n));
+  staging::HostView<T> h(slice(v, 0, n), staging::Access::read);
   return std::vector<double>(h.data(), h.data() + n);
 }
 
 template <class T, class U>
 void to_device(const K::Vec<T>& v, const std::vector<U>& h) {
-  auto m = Kokkos::create_mirror_view(slice(v, 0, std::int64_t(h.size())));
-  for (std::size_t i = 0; i < h.size(); ++i) m(i) = T(h[i]);
-  Kokkos::deep_copy(slice(v, 0, std::int64_t(h.size())), m);
+  staging::HostView<T> m(slice(v, 0, std::int64_t(h.size())), staging::Access::write);
+  for (std::size_t i = 0; i < h.size(); ++i) m[i] = T(h[i]);
 }
 
 void to_device(Kokkos::View<int*>& v, const std::vector<int>& h) {

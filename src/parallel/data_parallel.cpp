@@ -6,6 +6,7 @@
 #include "deck/deck.hpp"
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
+#include "util/staging.hpp"
 
 namespace ptrain::parallel {
 
@@ -574,23 +575,21 @@ void DataParallel<P>::init_weights(std::uint64_t seed) {
 template <class P>
 void DataParallel<P>::set_weights(const M* whole) {
   if (zero_ <= 2) {
-    const std::int64_t n = std::int64_t(store_->params_.size());
-    auto host = Kokkos::create_mirror_view(store_->params_.view());
-    for (std::int64_t i = 0; i < n; ++i) host(i) = T(i < sizes_.numel ? whole[i] : M(0));
-    Kokkos::deep_copy(store_->params_.view(), host);
-    store_->pack_params();
+    const std::size_t n = store_->params_.size();
+    staging::HostView<T> host(store_->params_.view(), staging::Access::write);
+    for (std::size_t i = 0; i < n; ++i)
+      host[i] = T(std::int64_t(i) < sizes_.numel ? whole[i] : M(0));
   } else {
-    auto host = Kokkos::create_mirror_view(store_->owned_params_.view());
-    Kokkos::deep_copy(host, T(0));
+    staging::HostView<T> host(store_->owned_params_.view(), staging::Access::write);
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = T(0);
     for (const auto& p : map_.owned)
-      for (std::int64_t i = p.lo; i < p.hi; ++i) host(p.at + i - p.lo) = T(whole[i]);
-    Kokkos::deep_copy(store_->owned_params_.view(), host);
+      for (std::int64_t i = p.lo; i < p.hi; ++i) host[std::size_t(p.at + i - p.lo)] = T(whole[i]);
   }
+  if (zero_ <= 2) store_->pack_params();
   if constexpr (!P::uniform) {
-    auto host = Kokkos::create_mirror_view(masters_.view());
+    staging::HostView<M> host(masters_.view(), staging::Access::read_write);
     for (const auto& p : update_pieces_)
-      for (std::int64_t i = p.lo; i < p.hi; ++i) host(p.at + i - p.lo) = whole[i];
-    Kokkos::deep_copy(masters_.view(), host);
+      for (std::int64_t i = p.lo; i < p.hi; ++i) host[std::size_t(p.at + i - p.lo)] = whole[i];
   }
   store_->invalidate_params();
 }

@@ -82,12 +82,12 @@ template <class P>
 Trainer<P>::Trainer(const Config& config, const Grid& grid)
     : config_(config),
       grid_(grid),
-      dense_grad_(grid.comm(GroupKind::dense_grad), "dense-grad"),
-      tp_(grid.comm(GroupKind::tp), "tp"),
-      pp_(grid.comm(GroupKind::pp), "pp"),
-      cp_(grid.comm(GroupKind::cp), "cp"),
-      ep_(grid.comm(GroupKind::ep), "ep"),
-      expert_grad_(grid.comm(GroupKind::expert_grad), "expert-grad"),
+      dense_grad_(make_comm(grid.comm(GroupKind::dense_grad), "dense-grad")),
+      tp_(make_comm(grid.comm(GroupKind::tp), "tp")),
+      pp_(make_comm(grid.comm(GroupKind::pp), "pp")),
+      cp_(make_comm(grid.comm(GroupKind::cp), "cp")),
+      ep_(make_comm(grid.comm(GroupKind::ep), "ep")),
+      expert_grad_(make_comm(grid.comm(GroupKind::expert_grad), "expert-grad")),
       data_(data::open_source(data::spec_from_config(config))),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
@@ -104,23 +104,24 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   std::vector<typename PipelineExecutor<P>::Chunk> executed;
   for (const model::ChunkLayout& layout : model::build_layout(config, coord)) {
     Chunk ch;
-    ch.dp = std::make_unique<DataParallel<P>>(config, dense_grad_, layout, &tp_, &expert_grad_);
+    ch.dp = std::make_unique<DataParallel<P>>(config, *dense_grad_, layout, tp_.get(),
+                                              expert_grad_.get());
     // Activation slots: the most micro-batches this chunk has in flight in the schedule.
     const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
     ch.stage = std::make_unique<model::Stage<P>>(config, coord, ch.dp->layout(), mb, slots,
-                                                 ch.dp->store(), &tp_, &cp_, &ep_);
+                                                 ch.dp->store(), tp_.get(), cp_.get(), ep_.get());
     ch.optimizer = optim::make_optimizer<M>(config.train.optimizer, decay_segments(*ch.dp), 0,
                                             std::size_t(ch.dp->update_size()),
                                             optim::hyper_from_config(config));
     executed.push_back({ch.stage.get(), ch.dp.get()});
     chunks_.push_back(std::move(ch));
   }
-  pipeline_ = std::make_unique<PipelineExecutor<P>>(pp_, std::move(executed),
+  pipeline_ = std::make_unique<PipelineExecutor<P>>(*pp_, std::move(executed),
                                                     schedule_[std::size_t(coord.p)], mb);
   // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
   // groups with this tp rank (the grid's embed group) sum its gradient.
   if (stages > 1 && grid.in_group(GroupKind::embed))
-    ends_ = std::make_unique<MpiComm>(grid.comm(GroupKind::embed), "embed");
+    ends_ = make_comm(grid.comm(GroupKind::embed), "embed");
   // This rank's positions of every sample (all of them without context parallelism).
   if (coord.cp > 1)
     positions_ = model::sequence_positions(
@@ -232,7 +233,7 @@ void Trainer<P>::moe_summary(StepResult& r) {
 // both as the largest rank's waits for pipeline messages over the step time.
 template <class P>
 void Trainer<P>::measure_bubble(StepResult& r, double pp_wait_seconds) {
-  const int stages = pp_.size(), v = chunks();
+  const int stages = pp_->size(), v = chunks();
   const double ops = double(micro_batches_) * v;  // forwards (and backwards) on this rank
   double mine[2] = {r.t_forward / ops, r.t_backward / ops};
   std::vector<double> times(2 * std::size_t(stages));
@@ -268,7 +269,7 @@ StepResult Trainer<P>::step(std::int64_t s) {
   if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
     std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
   for (auto& ch : chunks_) ch.dp->begin_step();
-  const double pp_wait = pp_.stats().exposed_s;
+  const double pp_wait = pp_->stats().exposed_s;
   const auto [first, count] = my_slice(config_.train.global_batch);
   MicroBatches mbs;
   mbs.count = int(count / mb);
@@ -313,7 +314,7 @@ StepResult Trainer<P>::step(std::int64_t s) {
   for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
-  if (pp_.size() > 1) measure_bubble(r, pp_.stats().exposed_s - pp_wait);
+  if (pp_->size() > 1) measure_bubble(r, pp_->stats().exposed_s - pp_wait);
   return r;
 }
 

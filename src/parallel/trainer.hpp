@@ -92,9 +92,9 @@ class Trainer {
 
   const Config& config_;
   const Grid& grid_;
-  MpiComm dense_grad_, tp_, pp_, cp_, ep_;  // gradient reduction; tp, pp, cp and ep groups
-  MpiComm expert_grad_;                     // expert gradients (experts split over ep)
-  std::unique_ptr<MpiComm> ends_;  // the tied embedding's two ends (the grid's embed group)
+  // gradient reduction; the tp, pp, cp and ep groups; expert gradients (experts split over
+  // ep); the tied embedding's two ends (the grid's embed group). All from make_comm.
+  std::unique_ptr<Comm> dense_grad_, tp_, pp_, cp_, ep_, expert_grad_, ends_;
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
   int micro_batches_ = 0;  // per step on this pipeline

@@ -13,6 +13,8 @@
 #include <string>
 #include <utility>
 
+#include "util/device_guard.hpp"
+
 namespace ptrain {
 
 enum class MemCategory : int { params, grads, optimizer, activations, comm, workspace, count };
@@ -60,17 +62,19 @@ class TrackedView {
   }
   ~TrackedView() {
     if (bytes_) memory::sub(cat_, bytes_);
+    if constexpr (device_guard::kEnabled) device_guard::deallocate(view_.data(), bytes_);
   }
 
   const view_type& view() const { return view_; }
   T* data() const { return view_.data(); }
   std::size_t size() const { return view_.extent(0); }
-  T& operator[](std::size_t i) const { return view_(i); }
 
  private:
   // Kokkos throws std::bad_alloc (3.x) or std::runtime_error (4.x) when it cannot allocate.
   static view_type allocate(MemCategory cat, const std::string& label, std::size_t n) {
     try {
+      if constexpr (device_guard::kEnabled)  // unmanaged: the guard's mapping, freed above
+        return view_type(static_cast<T*>(device_guard::allocate(n * sizeof(T), label)), n);
       if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                                typename view_type::memory_space>::accessible)
         if (n * sizeof(T) >= memory::kHugePage) return allocate_on_huge_pages(label, n);

@@ -1,5 +1,9 @@
 #include "util/mpi.hpp"
 
+#if defined(OPEN_MPI)
+#include <mpi-ext.h>  // MPIX_Query_cuda_support
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -9,6 +13,17 @@
 #include "util/log.hpp"
 
 namespace ptrain::mpi {
+
+bool cuda_aware() {
+#if defined(OPEN_MPI) && defined(MPIX_CUDA_AWARE_SUPPORT)
+  return MPIX_Query_cuda_support() == 1;
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS && supported;
+#else
+  return false;
+#endif
+}
 
 void abort_job(const std::string& line, int exit_code) {
   log::error_any_rank(line);

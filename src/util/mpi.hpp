@@ -21,6 +21,11 @@ void check(int rc, const std::string& what);
 // `exit_code`. Not collective; never returns.
 [[noreturn]] void abort_job(const std::string& line, int exit_code);
 
+// Whether this MPI library can move CUDA device memory itself (Open MPI's
+// MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support), asked at run time: the library
+// a job loads may differ from the one built against. Not collective.
+bool cuda_aware();
+
 int rank(MPI_Comm comm);  // not collective
 int size(MPI_Comm comm);  // not collective
 
