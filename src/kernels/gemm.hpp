@@ -29,6 +29,42 @@ template <class T, class Out = T>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha, CVec<T> A,
           CVec<T> B, accumulate_t<T> beta, OutVec<Out> C);
 
+// One checked gemm as a back end executes it: the entry point above fills it, row-major, after
+// its bounds checks. A, B and C point at each matrix's first element (A and B are null when
+// K == 0, and lda, ldb are then raised to what BLAS validates). alpha and beta are in the
+// accumulate type of `operands`, held as double (exact for float).
+struct GemmCall {
+  bool trans_a = false, trans_b = false;
+  int M = 0, N = 0, K = 0;
+  double alpha = 1, beta = 0;
+  const void* A = nullptr;
+  int lda = 1;
+  const void* B = nullptr;
+  int ldb = 1;
+  void* C = nullptr;
+  int ldc = 1;
+  Precision operands = Precision::fp32, output = Precision::fp32;
+};
+
+// The description gemm() above executes, after the same checks (and the same errors).
+template <class T, class Out = T>
+GemmCall gemm_call(bool trans_a, bool trans_b, int M, int N, int K, accumulate_t<T> alpha,
+                   CVec<T> A, std::size_t a_offset, int lda, CVec<T> B, std::size_t b_offset,
+                   int ldb, accumulate_t<T> beta, OutVec<Out> C, std::size_t c_offset, int ldc);
+
+// The same product as a column-major BLAS (cuBLAS) is asked for it. A row-major matrix with
+// leading dimension ld is, read column-major with the same ld, its transpose; so the row-major
+// C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T: M and N swap, and the call's A
+// and B (with their transposes and leading dimensions) are the row-major B and A.
+// The mapping the cuBLAS back end calls with (one definition; the unit tests run its result
+// through CBLAS in column-major order on the CPU).
+GemmCall column_major(const GemmCall& row_major);
+
+// Whether fp32 gemms may round their operands to TF32 on the GPU's tensor cores (cuBLAS's
+// CUBLAS_COMPUTE_32F_FAST_TF32; about 2^-11 relative error per product instead of fp32's
+// 2^-24). Off by default. On CPUs it does nothing: CBLAS sgemm is fp32 throughout.
+void set_gemm_tf32(bool allow);
+
 // BLAS thread count. set_blas_threads returns false where this BLAS cannot change it at
 // run time (not OpenBLAS); blas_threads returns 0 where it cannot be asked.
 bool set_blas_threads(int n);
@@ -52,7 +88,7 @@ std::string blas_spin_warning(int kernel_threads, int blas_threads);
 double measure_gemm_peak_gflops(double seconds = 0.5, Precision operands = Precision::fp32);
 
 // Bytes of workspace a gemm with bf16 operands allocates while it runs (its fp32 panels);
-// 0 for the other types.
+// 0 for the other types, and in a CUDA build (cuBLAS takes bf16 operands as they are).
 std::size_t gemm_workspace_bytes(Precision operands);
 
 }  // namespace ptrain::kernels
