@@ -215,23 +215,23 @@ void check_column_major_matches_row_major() {
     auto Cv = dev<T>(in.C0);
     gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), dev<T>(in.A), c.a_off, c.lda(), dev<T>(in.B),
             c.b_off, c.ldb(), T(c.beta), Cv, c.c_off, c.ldc());
-    const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Cv);
+    const auto got = staging::to_host(Cv);
 
     const std::vector<T> A = host_buffer<T>(in.A), B = host_buffer<T>(in.B);
     std::vector<T> C = host_buffer<T>(in.C0);
     run_column_major_cblas(column_major(row_major_call<T, T>(c, A, B, C)));
 
-    ASSERT_EQ(got.extent(0), C.size());
+    ASSERT_EQ(got.size(), C.size());
     for (int i = 0; i < c.M; ++i)
       for (int j = 0; j < c.ldc() && c.c_at(i, j) < C.size(); ++j) {
         const std::size_t at = c.c_at(i, j);
         if (kGemmOnHost || j >= c.N) {
-          ASSERT_TRUE(same_bits(got(at), C[at]))
-              << "(" << i << ", " << j << "): " << got(at) << " vs " << C[at];
+          ASSERT_TRUE(same_bits(got[at], C[at]))
+              << "(" << i << ", " << j << "): " << got[at] << " vs " << C[at];
         } else {
-          ASSERT_LE(std::fabs(double(got(at)) - double(C[at])),
+          ASSERT_LE(std::fabs(double(got[at]) - double(C[at])),
                     accumulation_bound(c.K, u, magnitude(c, in, i, j)))
-              << "(" << i << ", " << j << "): " << got(at) << " vs " << C[at];
+              << "(" << i << ", " << j << "): " << got[at] << " vs " << C[at];
         }
       }
   }
@@ -280,20 +280,20 @@ void check_bf16_against_reference() {
     auto Cv = dev<Out>(in.C0);
     gemm<bf16, Out>(c.ta, c.tb, c.M, c.N, c.K, float(c.alpha), dev<bf16>(in.A), c.a_off, c.lda(),
                     dev<bf16>(in.B), c.b_off, c.ldb(), float(c.beta), Cv, c.c_off, c.ldc());
-    const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Cv);
+    const auto got = staging::to_host(Cv);
 
     std::vector<Out> expect = host_buffer<Out>(in.C0);
     reference_bf16_gemm(c, host_buffer<bf16>(in.A), host_buffer<bf16>(in.B), expect);
 
-    ASSERT_EQ(got.extent(0), expect.size());
+    ASSERT_EQ(got.size(), expect.size());
     for (int i = 0; i < c.M; ++i)
       for (int j = 0; j < c.ldc() && c.c_at(i, j) < expect.size(); ++j) {
         const std::size_t at = c.c_at(i, j);
         if (j >= c.N) {  // the padding between rows is untouched
-          ASSERT_TRUE(same_bits(got(at), expect[at])) << "padding (" << i << ", " << j << ")";
+          ASSERT_TRUE(same_bits(got[at], expect[at])) << "padding (" << i << ", " << j << ")";
           continue;
         }
-        const double g = double(float(got(at))), e = double(float(expect[at]));
+        const double g = double(float(got[at])), e = double(float(expect[at]));
         const double bound = accumulation_bound(c.K, 0x1p-24, magnitude(c, in, i, j)) +
                              bf16_rounding * (std::fabs(g) + std::fabs(e));
         ASSERT_LE(std::fabs(g - e), bound) << "(" << i << ", " << j << "): " << g << " vs " << e;

@@ -3,7 +3,7 @@
 #include <Kokkos_Core.hpp>
 #include <climits>
 #include <deque>
-#include <functional>
+#include <numeric>
 
 #include "comm/watchdog.hpp"
 #include "grid/layout.hpp"
@@ -136,20 +136,17 @@ void Comm::check_peer(int peer) const {
 void Comm::all_reduce_sum_now(double* data, int n) {
   all_reduce_sum(data, std::size_t(n), Space::host).wait();
 }
-void Comm::all_reduce_max_now(double* data, int n) {
-  all_reduce_max(data, std::size_t(n), Space::host).wait();
-}
 
-void Comm::lend(Space where, const void* data, std::size_t bytes, bool comm_writes) {
-  if (where != Space::tensor || bytes == 0) return;
-  if (!fenced_) {  // the kernels that wrote it may still run on an asynchronous backend
-    Kokkos::DefaultExecutionSpace().fence();
-    fenced_ = true;
-  }
-  if constexpr (device_guard::kEnabled) {
-    device_guard::lend(data, bytes, op_, !comm_writes);
-    loans_.push_back(Request::Loan{data, bytes});
-  }
+void Comm::lend(Space where, std::initializer_list<Request::Loan> buffers) {
+  if (where != Space::tensor) return;
+  // The kernels that wrote them may still run on an asynchronous backend.
+  Kokkos::DefaultExecutionSpace().fence();
+  if constexpr (device_guard::kEnabled)
+    for (const Request::Loan& l : buffers) {
+      if (l.bytes == 0) continue;
+      device_guard::lend(l.data, l.bytes, op_, !l.comm_writes);
+      loans_.push_back(l);
+    }
 }
 
 Request Comm::started(Started pending) {
@@ -160,7 +157,6 @@ Request Comm::started(Started pending) {
   r.seq_ = seq_;
   r.loans_ = std::move(loans_);
   loans_.clear();
-  fenced_ = false;
   return r;
 }
 
@@ -244,6 +240,11 @@ int query(MPI_Comm comm, const std::string& name, int (*f)(MPI_Comm, int*)) {
   return v;
 }
 
+// The elements of a buffer packed by `counts` (one count per rank; Comm has checked them).
+std::size_t packed_elements(const std::vector<int>& counts) {
+  return std::size_t(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
+}
+
 // counts followed by their prefix sums (the displacements), as one array for a Request.
 std::vector<int> with_displacements(const std::vector<int>& counts) {
   std::vector<int> a(counts);
@@ -262,12 +263,15 @@ void Request::complete() {
   pending_.reset();
 }
 
+void Request::finish_pending() {
+  if (!pending()) return;
+  pending_->wait();
+  complete();
+}
+
 Request& Request::operator=(Request&& o) noexcept {
   if (this != &o) {
-    if (pending()) {
-      pending_->wait();
-      complete();
-    }
+    finish_pending();
     pending_ = std::move(o.pending_);
     comm_ = o.comm_;
     op_ = o.op_;
@@ -277,12 +281,7 @@ Request& Request::operator=(Request&& o) noexcept {
   return *this;
 }
 
-Request::~Request() {
-  if (pending()) {
-    pending_->wait();
-    complete();
-  }
-}
+Request::~Request() { finish_pending(); }
 
 void Request::wait() {
   if (!pending()) return;
@@ -305,35 +304,6 @@ bool Request::test() {
   complete();
   return true;
 }
-
-namespace {
-
-// One MPI request, and what must outlive it: the counts and displacements of a v-collective
-// (MPI may read them until completion, so they live here rather than in the caller's often
-// temporary vectors) and the staged copies to make once it completes.
-class MpiPending final : public Request::Pending {
- public:
-  MPI_Request request = MPI_REQUEST_NULL;
-  std::vector<int> args;
-  std::function<void()> on_completion;  // staged_mpi: results copied out, buffers released
-
-  // The MPI library moves lent buffers inside these calls (the device guard lets it).
-  bool test() override {
-    device_guard::CommAccess mpi;
-    int done = 0;
-    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "test");
-    return done != 0;
-  }
-  void wait() override {
-    device_guard::CommAccess mpi;
-    check(MPI_Wait(&request, MPI_STATUS_IGNORE), "wait");
-  }
-  void finish() override {
-    if (on_completion) on_completion();
-  }
-};
-
-}  // namespace
 
 // Host buffers for staged transfers: reused across operations, grown when an operation needs
 // more than any free one has. In a CUDA build they are pinned (page-locked), so the copies
@@ -395,42 +365,56 @@ void copy_from_host(void* tensor, const char* host, std::size_t bytes) {
                     HostBytes(const_cast<char*>(host), bytes));
 }
 
-// What the MPI call of one operation sees: each buffer itself, or its host copy.
-class StagedBuffers {
+// One MPI request, and what must outlive it: the counts and displacements of a v-collective
+// (MPI may read them until completion, so they live here rather than in the caller's often
+// temporary vectors) and, on the staged transport, the host copies MPI works on.
+class MpiPending final : public Request::Pending {
  public:
-  StagedBuffers(MpiComm::Staging* staging, MpiPending& pending)
-      : staging_(staging), pending_(pending) {}
-  // The pointer MPI gets for [data, data + bytes): copied to the host first when `in`, copied
-  // back after completion when `out`.
+  // `staging`: where tensor buffers go through host copies (nullptr: MPI takes them as they are).
+  explicit MpiPending(MpiComm::Staging* staging) : staging_(staging) {}
+
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<int> args;
+
+  // The pointer MPI gets for [data, data + bytes): with staging, a host copy, filled from the
+  // buffer first when `in` and copied back into it after completion when `out`.
   template <class Ptr>
   Ptr stage(Ptr data, std::size_t bytes, bool in, bool out) {
     if (!staging_ || bytes == 0) return data;
     const int slot = staging_->take(bytes);
     char* host = staging_->data(slot);
     if (in) copy_to_host(host, data, bytes);
-    slots_.push_back(slot);
-    if (out) outs_.push_back(Out{const_cast<void*>(static_cast<const void*>(data)), host, bytes});
+    staged_.push_back(
+        Staged{slot, out ? const_cast<void*>(static_cast<const void*>(data)) : nullptr, bytes});
     return reinterpret_cast<Ptr>(host);
   }
-  // The pending operation copies the results out and returns the buffers when it completes.
-  ~StagedBuffers() {
-    if (slots_.empty()) return;
-    pending_.on_completion = [staging = staging_, slots = slots_, outs = outs_] {
-      for (const Out& o : outs) copy_from_host(o.tensor, o.host, o.bytes);
-      for (int s : slots) staging->give_back(s);
-    };
+
+  // The MPI library moves lent buffers inside these calls (the device guard lets it).
+  bool test() override {
+    device_guard::CommAccess mpi;
+    int done = 0;
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "test");
+    return done != 0;
+  }
+  void wait() override {
+    device_guard::CommAccess mpi;
+    check(MPI_Wait(&request, MPI_STATUS_IGNORE), "wait");
+  }
+  void finish() override {
+    for (const Staged& s : staged_) {
+      if (s.out) copy_from_host(s.out, staging_->data(s.slot), s.bytes);
+      staging_->give_back(s.slot);
+    }
   }
 
  private:
-  struct Out {
-    void* tensor;
-    const char* host;
+  struct Staged {
+    int slot;
+    void* out;  // where the result goes back to (nullptr: an input only)
     std::size_t bytes;
   };
   MpiComm::Staging* staging_;
-  MpiPending& pending_;
-  std::vector<int> slots_;
-  std::vector<Out> outs_;
+  std::vector<Staged> staged_;
 };
 
 }  // namespace
@@ -453,102 +437,98 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, Transport transport)
 
 MpiComm::~MpiComm() = default;
 
-// Each start: the pending operation, and its buffers as MPI sees them (staged only for tensor
-// memory on the staged transport).
-#define PTRAIN_MPI_START(where)                  \
-  device_guard::CommAccess mpi;                  \
-  auto pending = std::make_unique<MpiPending>(); \
-  MPI_Request* r = &pending->request;            \
-  StagedBuffers staged(where == Space::tensor ? staging_.get() : nullptr, *pending)
-
 Comm::Started MpiComm::do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op, Space where) {
-  PTRAIN_MPI_START(where);
-  void* buf = staged.stage(data, n * type_size(t), true, true);
-  check(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(n), mpi_type(t), mpi_op(t, op), comm_, r),
+  device_guard::CommAccess mpi;  // the start may move lent buffers
+  auto pending = std::make_unique<MpiPending>(staging_for(where));
+  void* buf = pending->stage(data, n * type_size(t), true, true);
+  check(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(n), mpi_type(t), mpi_op(t, op), comm_,
+                       &pending->request),
         "Iallreduce");
   return pending;
 }
 
 Comm::Started MpiComm::do_reduce_scatter_sum(const void* send, void* recv,
                                              const std::vector<int>& counts, DType t, Space where) {
-  PTRAIN_MPI_START(where);
+  device_guard::CommAccess mpi;  // the start may move lent buffers
+  auto pending = std::make_unique<MpiPending>(staging_for(where));
   pending->args = counts;
-  std::size_t n = 0;
-  for (int c : counts) n += std::size_t(c);
-  const void* s = staged.stage(send, n * type_size(t), true, false);
+  const void* s = pending->stage(send, packed_elements(counts) * type_size(t), true, false);
   void* out =
-      staged.stage(recv, std::size_t(counts[std::size_t(rank())]) * type_size(t), false, true);
+      pending->stage(recv, std::size_t(counts[std::size_t(rank())]) * type_size(t), false, true);
   check(MPI_Ireduce_scatter(s, out, pending->args.data(), mpi_type(t), mpi_op(t, ReduceOp::sum),
-                            comm_, r),
+                            comm_, &pending->request),
         "Ireduce_scatter");
   return pending;
 }
 
 Comm::Started MpiComm::do_all_gather(const void* send, void* recv, const std::vector<int>& counts,
                                      DType t, Space where) {
-  PTRAIN_MPI_START(where);
+  device_guard::CommAccess mpi;  // the start may move lent buffers
+  auto pending = std::make_unique<MpiPending>(staging_for(where));
   pending->args = with_displacements(counts);
   const int* displs = pending->args.data() + counts.size();
   const std::size_t me = std::size_t(rank()), size = type_size(t);
   // The caller's own piece may already sit in place inside recv.
   const char* place = static_cast<const char*>(recv) + std::size_t(displs[me]) * size;
   const bool in_place = send == place;
-  const std::size_t n = std::size_t(displs[counts.size() - 1] + counts.back());
+  const std::size_t n = packed_elements(counts);
   // Staged in place: the whole of recv goes to the host, so this rank's piece is there too.
-  void* all = staged.stage(recv, n * size, in_place, true);
+  void* all = pending->stage(recv, n * size, in_place, true);
   const void* mine =
-      in_place ? MPI_IN_PLACE : staged.stage(send, std::size_t(counts[me]) * size, true, false);
+      in_place ? MPI_IN_PLACE : pending->stage(send, std::size_t(counts[me]) * size, true, false);
   check(MPI_Iallgatherv(mine, counts[me], mpi_type(t), all, pending->args.data(), displs,
-                        mpi_type(t), comm_, r),
+                        mpi_type(t), comm_, &pending->request),
         "Iallgatherv");
   return pending;
 }
 
 Comm::Started MpiComm::do_send(const void* data, std::size_t n, DType t, int peer, int tag,
                                Space where) {
-  PTRAIN_MPI_START(where);
-  const void* buf = staged.stage(data, n * type_size(t), true, false);
-  check(MPI_Isend(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, r), "Isend");
+  device_guard::CommAccess mpi;  // the start may move lent buffers
+  auto pending = std::make_unique<MpiPending>(staging_for(where));
+  const void* buf = pending->stage(data, n * type_size(t), true, false);
+  check(MPI_Isend(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, &pending->request), "Isend");
   return pending;
 }
 
 Comm::Started MpiComm::do_recv(void* data, std::size_t n, DType t, int peer, int tag, Space where) {
-  PTRAIN_MPI_START(where);
-  void* buf = staged.stage(data, n * type_size(t), false, true);
-  check(MPI_Irecv(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, r), "Irecv");
+  device_guard::CommAccess mpi;  // the start may move lent buffers
+  auto pending = std::make_unique<MpiPending>(staging_for(where));
+  void* buf = pending->stage(data, n * type_size(t), false, true);
+  check(MPI_Irecv(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, &pending->request), "Irecv");
   return pending;
 }
 
 Comm::Started MpiComm::do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t,
                                      Space where) {
-  PTRAIN_MPI_START(where);
+  device_guard::CommAccess mpi;  // the start may move lent buffers
+  auto pending = std::make_unique<MpiPending>(staging_for(where));
   const int n = mpi_count(n_per_rank);
   const std::size_t bytes = std::size_t(size()) * n_per_rank * type_size(t);
-  const void* s = staged.stage(send, bytes, true, false);
-  void* out = staged.stage(recv, bytes, false, true);
-  check(MPI_Ialltoall(s, n, mpi_type(t), out, n, mpi_type(t), comm_, r), "Ialltoall");
+  const void* s = pending->stage(send, bytes, true, false);
+  void* out = pending->stage(recv, bytes, false, true);
+  check(MPI_Ialltoall(s, n, mpi_type(t), out, n, mpi_type(t), comm_, &pending->request),
+        "Ialltoall");
   return pending;
 }
 
 Comm::Started MpiComm::do_all_to_allv(const void* send, const std::vector<int>& send_counts,
                                       void* recv, const std::vector<int>& recv_counts, DType t,
                                       Space where) {
-  PTRAIN_MPI_START(where);
+  device_guard::CommAccess mpi;  // the start may move lent buffers
+  auto pending = std::make_unique<MpiPending>(staging_for(where));
   pending->args = with_displacements(send_counts);
   const std::vector<int> recv_args = with_displacements(recv_counts);
   pending->args.insert(pending->args.end(), recv_args.begin(), recv_args.end());
   const int* a = pending->args.data();  // send counts, send displs, recv counts, recv displs
   const std::size_t D = send_counts.size(), size = type_size(t);
-  std::size_t sent = 0, received = 0;
-  for (std::size_t i = 0; i < D; ++i)
-    sent += std::size_t(a[i]), received += std::size_t(a[2 * D + i]);
-  const void* s = staged.stage(send, sent * size, true, false);
-  void* out = staged.stage(recv, received * size, false, true);
-  check(MPI_Ialltoallv(s, a, a + D, mpi_type(t), out, a + 2 * D, a + 3 * D, mpi_type(t), comm_, r),
+  const void* s = pending->stage(send, packed_elements(send_counts) * size, true, false);
+  void* out = pending->stage(recv, packed_elements(recv_counts) * size, false, true);
+  check(MPI_Ialltoallv(s, a, a + D, mpi_type(t), out, a + 2 * D, a + 3 * D, mpi_type(t), comm_,
+                       &pending->request),
         "Ialltoallv");
   return pending;
 }
-#undef PTRAIN_MPI_START
 
 Transport default_transport() {
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
@@ -557,11 +537,8 @@ Transport default_transport() {
   return mpi::cuda_aware() ? Transport::mpi : Transport::staged_mpi;
 }
 
-std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, Transport asked) {
-  return std::make_unique<MpiComm>(comm, std::move(name), asked);
-}
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name) {
-  return make_comm(comm, std::move(name), default_transport());
+  return std::make_unique<MpiComm>(comm, std::move(name), default_transport());
 }
 
 }  // namespace ptrain

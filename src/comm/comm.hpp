@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -90,8 +91,10 @@ class Request {
   struct Loan {  // tensor memory lent to the operation (the device guard's record)
     const void* data;
     std::size_t bytes;
+    bool comm_writes;  // its result lands there: kernels may not even read it meanwhile
   };
-  void complete();  // finish, give the loans back, release
+  void finish_pending();  // waits if pending, then completes
+  void complete();        // finish, give the loans back, release
   std::unique_ptr<Pending> pending_;
   Comm* comm_ = nullptr;
   const char* op_ = "";   // what it is ("all-reduce"), for the watchdog's report
@@ -134,14 +137,14 @@ class Comm {
   Request all_reduce_sum(T* data, std::size_t n, Space where = Space::tensor) {
     count(2.0 * (size_ - 1) / size_ * double(n * sizeof(T)));
     enter("all-reduce");
-    lend(where, data, n * sizeof(T), true);
+    lend(where, {{data, n * sizeof(T), true}});
     return started(do_all_reduce(data, n, dtype_of<T>(), ReduceOp::sum, where));
   }
   template <class T>
   Request all_reduce_max(T* data, std::size_t n, Space where = Space::tensor) {
     count(2.0 * (size_ - 1) / size_ * double(n * sizeof(T)));
     enter("all-reduce max");
-    lend(where, data, n * sizeof(T), true);
+    lend(where, {{data, n * sizeof(T), true}});
     return started(do_all_reduce(data, n, dtype_of<T>(), ReduceOp::max, where));
   }
   // send (sum of counts elements) summed over the group; rank r receives elements
@@ -152,8 +155,8 @@ class Comm {
     const std::size_t n = total(counts, "reduce_scatter");
     count(double(size_ - 1) / size_ * double(n * sizeof(T)));
     enter("reduce-scatter");
-    lend(where, send, n * sizeof(T), false);
-    lend(where, recv, std::size_t(counts[std::size_t(rank_)]) * sizeof(T), true);
+    lend(where, {{send, n * sizeof(T), false},
+                 {recv, std::size_t(counts[std::size_t(rank_)]) * sizeof(T), true}});
     return started(do_reduce_scatter_sum(send, recv, counts, dtype_of<T>(), where));
   }
   // Rank r contributes counts[r] elements from send; every rank receives the concatenation
@@ -164,8 +167,8 @@ class Comm {
     const std::size_t n = total(counts, "all_gather");
     count(double(size_ - 1) / size_ * double(n * sizeof(T)));
     enter("all-gather");
-    lend(where, send, std::size_t(counts[std::size_t(rank_)]) * sizeof(T), false);
-    lend(where, recv, n * sizeof(T), true);
+    lend(where, {{send, std::size_t(counts[std::size_t(rank_)]) * sizeof(T), false},
+                 {recv, n * sizeof(T), true}});
     return started(do_all_gather(send, recv, counts, dtype_of<T>(), where));
   }
   // n elements to (from) group rank `peer`, matched by `tag`. A send counts n elements.
@@ -174,7 +177,7 @@ class Comm {
     check_peer(peer);
     count(double(n * sizeof(T)));
     point_to_point("send", peer);
-    lend(where, data, n * sizeof(T), false);
+    lend(where, {{data, n * sizeof(T), false}});
     return started(do_send(data, n, dtype_of<T>(), peer, tag, where));
   }
   template <class T>
@@ -182,7 +185,7 @@ class Comm {
     check_peer(peer);
     count(0);
     point_to_point("recv", peer);
-    lend(where, data, n * sizeof(T), true);
+    lend(where, {{data, n * sizeof(T), true}});
     return started(do_recv(data, n, dtype_of<T>(), peer, tag, where));
   }
   // Block r of n_per_rank elements of send goes to rank r; block r of recv comes from
@@ -191,8 +194,8 @@ class Comm {
   Request all_to_all(const T* send, T* recv, std::size_t n_per_rank, Space where = Space::tensor) {
     count(double(size_ - 1) * double(n_per_rank * sizeof(T)));
     enter("all-to-all");
-    lend(where, send, std::size_t(size_) * n_per_rank * sizeof(T), false);
-    lend(where, recv, std::size_t(size_) * n_per_rank * sizeof(T), true);
+    const std::size_t bytes = std::size_t(size_) * n_per_rank * sizeof(T);
+    lend(where, {{send, bytes, false}, {recv, bytes, true}});
     return started(do_all_to_all(send, recv, n_per_rank, dtype_of<T>(), where));
   }
   // As all_to_all with send_counts[r] elements to rank r and recv_counts[r] from it, each
@@ -204,14 +207,11 @@ class Comm {
     const std::size_t sent = total(send_counts, "all_to_allv");
     count(double((sent - std::size_t(send_counts[std::size_t(rank_)])) * sizeof(T)));
     enter("all-to-allv");
-    lend(where, send, sent * sizeof(T), false);
-    lend(where, recv, received * sizeof(T), true);
+    lend(where, {{send, sent * sizeof(T), false}, {recv, received * sizeof(T), true}});
     return started(do_all_to_allv(send, send_counts, recv, recv_counts, dtype_of<T>(), where));
   }
-  // Blocking sum (or maximum) of a few host doubles (losses, norms, statistics): counted,
-  // timed as exposed and watched by the watchdog like the rest.
+  // Blocking sum of a few host doubles (losses, norms): counted, and timed as exposed.
   void all_reduce_sum_now(double* data, int n);
-  void all_reduce_max_now(double* data, int n);
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }  // this Comm's own; the table keeps counting
@@ -247,10 +247,9 @@ class Comm {
   void check_peer(int peer) const;
   void enter(const char* op);                     // a collective: next sequence number
   void point_to_point(const char* op, int peer);  // a message: no sequence number
-  // Before a start: the kernels that wrote tensor buffers have completed (a fence), and, in
-  // the device guard build, the buffer is lent to the operation (`comm_writes`: its result
-  // lands there, so kernels may not even read it until completion).
-  void lend(Space where, const void* data, std::size_t bytes, bool comm_writes);
+  // Before a start on tensor memory: the kernels that wrote the buffers have completed (one
+  // fence), and, in the device guard build, the buffers are lent to the operation.
+  void lend(Space where, std::initializer_list<Request::Loan> buffers);
   Request started(Started pending);  // the Request of the operation just started
   [[noreturn]] void report_hang(const char* op, std::int64_t seq, double waited) const;
 
@@ -262,7 +261,6 @@ class Comm {
   const char* op_ = "";  // the operation being started (copied into its Request)
   std::int64_t seq_ = 0;
   int peer_ = -1;
-  bool fenced_ = false;               // this start's fence is done
   std::vector<Request::Loan> loans_;  // this start's loans, handed to its Request
 };
 
@@ -294,15 +292,18 @@ class MpiComm final : public Comm {
   MPI_Comm comm_;
   Transport transport_;
   std::unique_ptr<Staging> staging_;  // staged_mpi only
+  // The staging buffers for buffers in `where`: none for host memory or the direct transport.
+  Staging* staging_for(Space where) const {
+    return where == Space::tensor ? staging_.get() : nullptr;
+  }
 };
 
 // The transport for tensor memory in this build: MPI directly where it can reach it (host
 // memory, or a CUDA-aware MPI), else staged through host buffers.
 Transport default_transport();
 
-// Every Comm the program uses is made here: the transport `asked` (default_transport()
-// unless a test or the deck says otherwise), over the group's communicator (not owned).
-std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, Transport asked);
+// Every Comm the program uses is made here, on default_transport(), over the group's
+// communicator (not owned).
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name);
 
 }  // namespace ptrain

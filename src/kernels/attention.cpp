@@ -296,6 +296,46 @@ KOKKOS_INLINE_FUNCTION void zero_head_rows(const Member& m, const Heads<T>& x, i
   });
 }
 
+// A block of rows as the products read (or accumulate into) them: its first row and row
+// stride. Where T is its own accumulate type these are the tensor's rows; bf16 rows are
+// widened into the team's scratch at w (rows k apart), an accumulator from the tensor when
+// `keep`, else from zero (rounded back once, by store_rows).
+template <class A>
+struct Rows {
+  A* p;
+  int ld;
+};
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION Rows<const A> read_rows(const Member& m, A* w, const T* src, int ld, int n,
+                                               int k) {
+  if constexpr (kWidened<T>) {
+    pack_rows(m, w, src, ld, n, k);
+    return {w, k};
+  } else {
+    return {src, ld};
+  }
+}
+// dQ's rows of the query block starting at row i0: the head's widened accumulator dqw (bf16),
+// or dq's own rows.
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION Rows<A> dq_rows(A* dqw, T* dq, int ld, int i0, int HS) {
+  if constexpr (kWidened<T>) {
+    return {dqw + std::size_t(i0) * HS, HS};
+  } else {
+    return {dq, ld};
+  }
+}
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION Rows<A> accumulator_rows(const Member& m, A* w, T* dst, int ld, int n, int k,
+                                                bool keep) {
+  if constexpr (kWidened<T>) {
+    pack_rows(m, w, dst, ld, n, k, keep);
+    return {w, k};
+  } else {
+    return {dst, ld};
+  }
+}
+
 // One query row's online-softmax step over a key block: s (nv) [=] exp(s - m') with m' the
 // new running max m, the running sum l rescaled and extended, and acc (HS) rescaled.
 template <class T>
@@ -475,6 +515,88 @@ KOKKOS_INLINE_FUNCTION void backward_key_columns(const BackwardBlock<T> f, int c
                 T(1));
 }
 
+// The start of one head's backward, by its team. bf16: the head's dQ accumulator in level-1
+// scratch, from dq (accumulate) or zero, returned. Otherwise the team's rows of dq, dk and dv,
+// zeroed unless accumulating; nullptr.
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION A* begin_head(const Member& team, const Heads<T>& dq, const Heads<T>& dk,
+                                     const Heads<T>& dv, int b, int Tq, int Tk, std::size_t head,
+                                     int HS, std::size_t dq_elems, bool accumulate) {
+  if constexpr (kWidened<T>) {
+    A* const dqw = scratch<A>(team, dq_elems, 1);
+    pack_rows(team, dqw, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, Tq, HS, accumulate);
+    return dqw;
+  } else {
+    if (!accumulate) {
+      zero_head_rows(team, dq, b, Tq, head, HS);
+      zero_head_rows(team, dk, b, Tk, head, HS);
+      zero_head_rows(team, dv, b, Tk, head, HS);
+    }
+    return nullptr;
+  }
+}
+
+// One (key block, query block) pair of the backward, its operands in place: D = rowsum(dO * O)
+// into D (O's rows out_ld apart), then dQ's rows, then dK's and dV's columns.
+template <class A, class T>
+KOKKOS_INLINE_FUNCTION void backward_block(const Member& team, const BackwardBlock<A>& blk, A* D,
+                                           const T* out, int out_ld) {
+  // D again for each key block: a (bq, HS) pass, against scratch that stays a few blocks
+  // whatever the sequence length.
+  rowsum_dout_out(team, D, blk.dout, blk.dout_ld, out, out_ld, blk.nq, blk.HS);
+  team.team_barrier();
+  row_groups(team, blk.nq,
+             [&](auto rows, int r0) { backward_query_rows<A, decltype(rows)::value>(blk, r0); });
+  team.team_barrier();
+  row_groups(team, blk.nk,
+             [&](auto cols, int c0) { backward_key_columns<A, decltype(cols)::value>(blk, c0); });
+}
+
+// Each team's level-0 scratch, as offsets in elements of the accumulate type A. Forward:
+// K_blk^T (HS, bk) | scores/probabilities (bq, bk) | output accumulator (bq, HS) | running
+// max (bq) | running sum (bq); widened (bf16) only: Q_blk (bq, HS) | V_blk (bk, HS).
+struct ForwardScratch {
+  std::size_t kt, s, acc, m, l, qw, vw, elems;
+};
+template <class T>
+ForwardScratch forward_scratch(int bq, int bk, int HS) {
+  ForwardScratch f{};
+  f.kt = 0;
+  f.s = f.kt + std::size_t(HS) * bk;
+  f.acc = f.s + std::size_t(bq) * bk;
+  f.m = f.acc + std::size_t(bq) * HS;
+  f.l = f.m + bq;
+  f.qw = f.l + bq;
+  f.vw = f.qw + std::size_t(bq) * HS;
+  f.elems = kWidened<T> ? f.vw + std::size_t(bk) * HS : f.qw;
+  return f;
+}
+
+// Backward: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk) | D =
+// rowsum(dO * O) (bq); widened (bf16) only: K_blk (bk, HS) | Q_blk (bq, HS) | dO_blk (bq, HS)
+// | dK_blk, dV_blk accumulators (bk, HS) each, and in level-1 scratch the head's dQ
+// accumulator (Tq, HS).
+struct BackwardScratch {
+  std::size_t kt, vt, p, ds, d, kw, qw, dow, dkw, dvw, elems, dq_elems;
+};
+template <class T>
+BackwardScratch backward_scratch(int bq, int bk, int HS, int Tq) {
+  BackwardScratch b{};
+  b.kt = 0;
+  b.vt = b.kt + std::size_t(HS) * bk;
+  b.p = b.vt + std::size_t(HS) * bk;
+  b.ds = b.p + std::size_t(bq) * bk;
+  b.d = b.ds + std::size_t(bq) * bk;
+  b.kw = b.d + bq;
+  b.qw = b.kw + std::size_t(bk) * HS;
+  b.dow = b.qw + std::size_t(bq) * HS;
+  b.dkw = b.dow + std::size_t(bq) * HS;
+  b.dvw = b.dkw + std::size_t(bk) * HS;
+  b.elems = kWidened<T> ? b.dvw + std::size_t(bk) * HS : b.kw;
+  b.dq_elems = kWidened<T> ? std::size_t(Tq) * HS : 0;
+  return b;
+}
+
 }  // namespace
 
 std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg) {
@@ -495,81 +617,53 @@ void attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CHeads<T> q, CHeads
   const int bq = block_rows(cfg.q_block, Tq);
   const int bk = block_rows(cfg.k_block, Tk);
   const int q_blocks = (Tq + bq - 1) / bq;
-  // scratch: K_blk^T (HS, bk) | scores/probabilities (bq, bk) | output accumulator (bq, HS)
-  //          | running max (bq) | running sum (bq), all in A;
-  //          widened (bf16) only: Q_blk (bq, HS) | V_blk (bk, HS) in A
-  const std::size_t kt_off = 0, s_off = std::size_t(HS) * bk,
-                    acc_off = s_off + std::size_t(bq) * bk, m_off = acc_off + std::size_t(bq) * HS,
-                    l_off = m_off + bq, elems = l_off + bq;
-  const std::size_t qw_off = elems, vw_off = qw_off + std::size_t(bq) * HS,
-                    scratch_elems = kWidened<T> ? vw_off + std::size_t(bk) * HS : elems;
+  const ForwardScratch sc = forward_scratch<T>(bq, bk, HS);
   const A scale = A(1) / std::sqrt(A(HS));
   const A neg_inf = -std::numeric_limits<A>::infinity();
   const bool causal = cfg.causal;
   const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
   Kokkos::parallel_for(
-      "ptrain::attention_forward", team_policy<A>(B * NH * q_blocks, scratch_elems),
+      "ptrain::attention_forward", team_policy<A>(B * NH * q_blocks, sc.elems),
       KOKKOS_LAMBDA(const Member& team) {
         // team = (b*NH + h)*q_blocks + query block
         const int qb = team.league_rank() % q_blocks, bh = team.league_rank() / q_blocks;
         const int h = bh % NH, b = bh / NH, i0 = qb * bq;
         const int nq = i0 + bq <= Tq ? bq : Tq - i0;
         const int q_pos_first = q_pos0 + i0;
-        A* const w = scratch<A>(team, scratch_elems);
-        const T* const qg = q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS;
-        (void)qw_off, (void)vw_off;  // nvcc: a device lambda may not capture a variable first
-                                     // inside `if constexpr`.
-        // The query block's rows as the products read them: in place, or widened (bf16).
-        const A* qp;
-        int q_ld;
-        if constexpr (kWidened<T>) {
-          pack_rows(team, w + qw_off, qg, q.ld, nq, HS);
-          qp = w + qw_off;
-          q_ld = HS;
-        } else {
-          qp = qg;
-          q_ld = q.ld;
-        }
+        A* const w = scratch<A>(team, sc.elems);
+        const Rows<const A> qr = read_rows(
+            team, w + sc.qw, q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS, q.ld, nq, HS);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-          w[m_off + r] = neg_inf;
-          w[l_off + r] = A(0);
-          for (int d = 0; d < HS; ++d) w[acc_off + std::size_t(r) * HS + d] = A(0);
+          w[sc.m + r] = neg_inf;
+          w[sc.l + r] = A(0);
+          for (int d = 0; d < HS; ++d) w[sc.acc + std::size_t(r) * HS + d] = A(0);
         });
         for (int j0 = 0; j0 < Tk; j0 += bk) {
           const int nk = j0 + bk <= Tk ? bk : Tk - j0;
           const int k_pos_first = k_pos0 + j0;
           if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
-          const T* const kp = k.view.data() + k.at(b, j0, Tk) + std::size_t(h) * HS;
-          const T* const vg = v.view.data() + v.at(b, j0, Tk) + std::size_t(h) * HS;
+          const std::size_t head = std::size_t(h) * HS;
           team.team_barrier();
-          pack_transposed(team, w + kt_off, kp, k.ld, nk, HS);
-          const A* vp;
-          int v_ld;
-          if constexpr (kWidened<T>) {
-            pack_rows(team, w + vw_off, vg, v.ld, nk, HS);
-            vp = w + vw_off;
-            v_ld = HS;
-          } else {
-            vp = vg;
-            v_ld = v.ld;
-          }
+          pack_transposed(team, w + sc.kt, k.view.data() + k.at(b, j0, Tk) + head, k.ld, nk, HS);
+          const Rows<const A> vr =
+              read_rows(team, w + sc.vw, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
           team.team_barrier();
           const ForwardBlock<A> blk{
-              w + s_off, w + acc_off, w + m_off, w + l_off,   w + kt_off,  qp,     vp,    q_ld,
-              v_ld,      nk,          HS,        q_pos_first, k_pos_first, causal, scale, neg_inf};
+              w + sc.s, w + sc.acc, w + sc.m, w + sc.l,    w + sc.kt,   qr.p,   vr.p,  qr.ld,
+              vr.ld,    nk,         HS,       q_pos_first, k_pos_first, causal, scale, neg_inf};
           row_groups(team, nq,
                      [&](auto rows, int r0) { forward_rows<A, decltype(rows)::value>(blk, r0); });
         }
         T* const outp = out.data() + (std::size_t(b) * Tq + i0) * C + std::size_t(h) * HS;
         A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-          const A l = w[l_off + r];
-          const A* acc = w + acc_off + std::size_t(r) * HS;
+          const A l = w[sc.l + r];
+          const A* acc = w + sc.acc + std::size_t(r) * HS;
           T* o = outp + std::size_t(r) * C;
           const A inv = l > A(0) ? A(1) / l : A(0);
           for (int d = 0; d < HS; ++d) o[d] = T(acc[d] * inv);
-          lsep[r] = l > A(0) ? w[m_off + r] + detail::log_(l) : neg_inf;
+          lsep[r] = l > A(0) ? w[sc.m + r] + detail::log_(l) : neg_inf;
         });
       });
 }
@@ -594,47 +688,20 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
 
   const int bq = block_rows(cfg.q_block, Tq);
   const int bk = block_rows(cfg.k_block, Tk);
-  // scratch: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk)
-  //          | D = rowsum(dO * O) (bq), all in A;
-  //          widened (bf16) only: K_blk (bk, HS) | Q_blk (bq, HS) | dO_blk (bq, HS)
-  //          | dK_blk, dV_blk accumulators (bk, HS) each, in A; and in level-1 scratch the
-  //          head's dQ accumulator (Tq, HS) in A
-  const std::size_t kt_off = 0, vt_off = std::size_t(HS) * bk, p_off = 2 * vt_off,
-                    ds_off = p_off + std::size_t(bq) * bk, d_off = ds_off + std::size_t(bq) * bk,
-                    elems = d_off + bq;
-  const std::size_t kw_off = elems, qw_off = kw_off + std::size_t(bk) * HS,
-                    dow_off = qw_off + std::size_t(bq) * HS,
-                    dkw_off = dow_off + std::size_t(bq) * HS,
-                    dvw_off = dkw_off + std::size_t(bk) * HS,
-                    scratch_elems = kWidened<T> ? dvw_off + std::size_t(bk) * HS : elems,
-                    dq_elems = kWidened<T> ? std::size_t(Tq) * HS : 0;
+  const BackwardScratch sc = backward_scratch<T>(bq, bk, HS, Tq);
   const A scale = A(1) / std::sqrt(A(HS));
   const A neg_inf = -std::numeric_limits<A>::infinity();
   const bool causal = cfg.causal;
   const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
   Kokkos::parallel_for(
-      "ptrain::attention_backward", team_policy<A>(B * NH, scratch_elems, dq_elems),
+      "ptrain::attention_backward", team_policy<A>(B * NH, sc.elems, sc.dq_elems),
       KOKKOS_LAMBDA(const Member& team) {
         const int h = team.league_rank() % NH, b = team.league_rank() / NH;
         const std::size_t head = std::size_t(h) * HS;
-        A* const w = scratch<A>(team, scratch_elems);
-        // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
-        (void)dq, (void)dk, (void)dv, (void)dq_elems, (void)accumulate, (void)kw_off, (void)qw_off;
-        (void)dow_off, (void)dkw_off, (void)dvw_off, (void)Tq, (void)Tk;
-        // Widened: the head's dQ accumulator, from dq (accumulate) or zero.
-        A* dqw = nullptr;
-        if constexpr (kWidened<T>) {
-          dqw = scratch<A>(team, dq_elems, 1);
-          pack_rows(team, dqw, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, Tq, HS, accumulate);
-        } else {
-          // This team's rows of dq, dk and dv: zeroed unless accumulating.
-          if (!accumulate) {
-            zero_head_rows(team, dq, b, Tq, head, HS);
-            zero_head_rows(team, dk, b, Tk, head, HS);
-            zero_head_rows(team, dv, b, Tk, head, HS);
-          }
-        }
+        A* const w = scratch<A>(team, sc.elems);
+        A* const dqw =
+            begin_head<A>(team, dq, dk, dv, b, Tq, Tk, head, HS, sc.dq_elems, accumulate);
         const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
         // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
         // dQ's rows still add the key blocks in order, and dK's and dV's the query blocks.
@@ -642,83 +709,37 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
           const int nk = j0 + bk <= Tk ? bk : Tk - j0;
           const int k_pos_first = k_pos0 + j0;
           const T* const kg = k.view.data() + k.at(b, j0, Tk) + head;
-          const T* const vp = v.view.data() + v.at(b, j0, Tk) + head;
           T* const dkg = dk.view.data() + dk.at(b, j0, Tk) + head;
           T* const dvg = dv.view.data() + dv.at(b, j0, Tk) + head;
           team.team_barrier();
-          pack_transposed(team, w + kt_off, kg, k.ld, nk, HS);
-          pack_transposed(team, w + vt_off, vp, v.ld, nk, HS);
-          // The key block's rows of K, dK and dV as the products use them: in place, or (bf16)
-          // K widened and dK, dV accumulators from dk, dv (accumulate) or zero.
-          const A* kp;
-          A* dkp;
-          A* dvp;
-          int k_ld, dk_ld, dv_ld;
-          if constexpr (kWidened<T>) {
-            pack_rows(team, w + kw_off, kg, k.ld, nk, HS);
-            pack_rows(team, w + dkw_off, dkg, dk.ld, nk, HS, accumulate);
-            pack_rows(team, w + dvw_off, dvg, dv.ld, nk, HS, accumulate);
-            kp = w + kw_off;
-            dkp = w + dkw_off;
-            dvp = w + dvw_off;
-            k_ld = dk_ld = dv_ld = HS;
-          } else {
-            kp = kg;
-            dkp = dkg;
-            dvp = dvg;
-            k_ld = k.ld;
-            dk_ld = dk.ld;
-            dv_ld = dv.ld;
-          }
+          pack_transposed(team, w + sc.kt, kg, k.ld, nk, HS);
+          pack_transposed(team, w + sc.vt, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
+          const Rows<const A> kr = read_rows(team, w + sc.kw, kg, k.ld, nk, HS);
+          const Rows<A> dkr = accumulator_rows(team, w + sc.dkw, dkg, dk.ld, nk, HS, accumulate);
+          const Rows<A> dvr = accumulator_rows(team, w + sc.dvw, dvg, dv.ld, nk, HS, accumulate);
           for (int i0 = 0; i0 < Tq; i0 += bq) {
             const int nq = i0 + bq <= Tq ? bq : Tq - i0;
             const int q_pos_first = q_pos0 + i0;
             if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) continue;
-            const T* const qg = q.view.data() + q.at(b, i0, Tq) + head;
-            const T* const doutg = dout.data() + o_head + std::size_t(i0) * C;
-            const T* const outp = out.data() + o_head + std::size_t(i0) * C;
+            team.team_barrier();
+            const Rows<const A> qr =
+                read_rows(team, w + sc.qw, q.view.data() + q.at(b, i0, Tq) + head, q.ld, nq, HS);
+            const Rows<const A> dor =
+                read_rows(team, w + sc.dow, dout.data() + o_head + std::size_t(i0) * C, C, nq, HS);
+            const Rows<A> dqr =
+                dq_rows(dqw, dq.view.data() + dq.at(b, i0, Tq) + head, dq.ld, i0, HS);
             const A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
-            team.team_barrier();
-            const A* qp;
-            A* dqp;
-            const A* doutp;
-            int q_ld, dq_ld, dout_ld;
-            if constexpr (kWidened<T>) {
-              pack_rows(team, w + qw_off, qg, q.ld, nq, HS);
-              pack_rows(team, w + dow_off, doutg, C, nq, HS);
-              qp = w + qw_off;
-              dqp = dqw + std::size_t(i0) * HS;
-              doutp = w + dow_off;
-              q_ld = dq_ld = dout_ld = HS;
-            } else {
-              qp = qg;
-              dqp = dq.view.data() + dq.at(b, i0, Tq) + head;
-              doutp = doutg;
-              q_ld = q.ld;
-              dq_ld = dq.ld;
-              dout_ld = C;
-            }
-            // D again for each key block: a (bq, HS) pass, against scratch that stays a few
-            // blocks whatever the sequence length.
-            rowsum_dout_out(team, w + d_off, doutp, dout_ld, outp, C, nq, HS);
-            team.team_barrier();
             const BackwardBlock<A> blk{
-                w + p_off,   w + ds_off,  w + d_off, w + kt_off, w + vt_off, qp,   dqp,
-                doutp,       lsep,        kp,        dkp,        dvp,        q_ld, dq_ld,
-                dout_ld,     k_ld,        dk_ld,     dv_ld,      nq,         nk,   HS,
-                q_pos_first, k_pos_first, causal,    scale,      neg_inf};
-            row_groups(team, nq, [&](auto rows, int r0) {
-              backward_query_rows<A, decltype(rows)::value>(blk, r0);
-            });
-            team.team_barrier();
-            row_groups(team, nk, [&](auto cols, int c0) {
-              backward_key_columns<A, decltype(cols)::value>(blk, c0);
-            });
+                w + sc.p,    w + sc.ds,   w + sc.d, w + sc.kt, w + sc.vt, qr.p,  dqr.p,
+                dor.p,       lsep,        kr.p,     dkr.p,     dvr.p,     qr.ld, dqr.ld,
+                dor.ld,      kr.ld,       dkr.ld,   dvr.ld,    nq,        nk,    HS,
+                q_pos_first, k_pos_first, causal,   scale,     neg_inf};
+            backward_block(team, blk, w + sc.d, out.data() + o_head + std::size_t(i0) * C, C);
           }
           if constexpr (kWidened<T>) {  // the key block's dK and dV, rounded once
             team.team_barrier();
-            store_rows(team, dkg, dk.ld, w + dkw_off, nk, HS);
-            store_rows(team, dvg, dv.ld, w + dvw_off, nk, HS);
+            store_rows(team, dkg, dk.ld, w + sc.dkw, nk, HS);
+            store_rows(team, dvg, dv.ld, w + sc.dvw, nk, HS);
           }
         }
         if constexpr (kWidened<T>) {  // the head's dQ, rounded once

@@ -21,8 +21,8 @@ using kernels::slice;
 
 template <class T>
 std::vector<double> to_host(const K::Vec<T>& v, std::int64_t n) {
-  staging::HostView<T> h(slice(v, 0, n), staging::Access::read);
-  return std::vector<double>(h.data(), h.data() + n);
+  const std::vector<T> h = staging::to_host(slice(v, 0, n));
+  return std::vector<double>(h.begin(), h.end());
 }
 
 template <class T, class U>

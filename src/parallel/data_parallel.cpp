@@ -575,17 +575,18 @@ void DataParallel<P>::init_weights(std::uint64_t seed) {
 template <class P>
 void DataParallel<P>::set_weights(const M* whole) {
   if (zero_ <= 2) {
-    const std::size_t n = store_->params_.size();
-    staging::HostView<T> host(store_->params_.view(), staging::Access::write);
-    for (std::size_t i = 0; i < n; ++i)
-      host[i] = T(std::int64_t(i) < sizes_.numel ? whole[i] : M(0));
+    {
+      staging::HostView<T> host(store_->params_.view(), staging::Access::write);
+      for (std::size_t i = 0; i < host.size(); ++i)
+        host[i] = T(std::int64_t(i) < sizes_.numel ? whole[i] : M(0));
+    }  // written back before the pack reads it
+    store_->pack_params();
   } else {
     staging::HostView<T> host(store_->owned_params_.view(), staging::Access::write);
     for (std::size_t i = 0; i < host.size(); ++i) host[i] = T(0);
     for (const auto& p : map_.owned)
       for (std::int64_t i = p.lo; i < p.hi; ++i) host[std::size_t(p.at + i - p.lo)] = T(whole[i]);
   }
-  if (zero_ <= 2) store_->pack_params();
   if constexpr (!P::uniform) {
     staging::HostView<M> host(masters_.view(), staging::Access::read_write);
     for (const auto& p : update_pieces_)

@@ -178,55 +178,65 @@ ExpertEstimate estimate_experts(const Config& config) {
 
 namespace {
 
-MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coord,
-                              const StageNeeds& needs) {
-  MemoryEstimate est;
-  const auto chunks = model::build_layout(config, coord);
-  for (const auto& ch : chunks)
-    for (const auto& t : ch.tensors) (t.expert ? est.expert_params : est.dense_params) += t.numel;
-  est.local_params = est.dense_params + est.expert_params;
+// Bytes per element of each kind of buffer, in the types of the precision policy: compute
+// weights (w), gradients (wg), masters and moments (state_w; the masters are kept apart from
+// the compute weights only when the two types differ), and statistics of the activations
+// (w_stat, the compute type's accumulate type).
+struct ElementBytes {
+  PrecisionPolicy policy;
+  double w, wg, state_w, w_stat;
+  double state_copies;  // optimizer-state elements per updated element (moments, masters)
+};
 
-  // Parameters, gradients, optimizer state and ZeRO windows: the sizes the data-parallel
-  // engine allocates (parallel/data_parallel.hpp), chunk by chunk, each in its type of the
-  // precision policy: compute weights (w), gradients (wg), masters and moments (state_w; the
-  // masters are kept apart from the compute weights only when the two types differ), and
-  // statistics of the activations (w_stat, the compute type's accumulate type).
-  const PrecisionPolicy policy = deck::precision_policy(config);
-  const double w = double(bytes_of(policy.compute)), wg = double(bytes_of(policy.grad));
-  const double state_w = double(bytes_of(policy.master));
-  const double w_stat = policy.compute == Precision::bf16 ? 4.0 : w;
-  const bool mixed = policy.master != policy.compute;  // masters apart from compute weights
-  const double moments = config.train.optimizer == "adamw" ? 2.0 : 0.0;
+ElementBytes element_bytes(const Config& config) {
+  ElementBytes b;
+  b.policy = deck::precision_policy(config);
+  b.w = double(bytes_of(b.policy.compute));
+  b.wg = double(bytes_of(b.policy.grad));
+  b.state_w = double(bytes_of(b.policy.master));
+  b.w_stat = b.policy.compute == Precision::bf16 ? 4.0 : b.w;
+  const bool mixed = b.policy.master != b.policy.compute;  // masters apart from compute weights
+  b.state_copies = (config.train.optimizer == "adamw" ? 2.0 : 0.0) + (mixed ? 1.0 : 0.0);
+  return b;
+}
+
+// Parameters, gradients, optimizer state and ZeRO windows: the sizes the data-parallel
+// engine allocates (parallel/data_parallel.hpp), chunk by chunk; and the experts' part of it.
+void add_training_state(MemoryEstimate& est, const Config& config,
+                        const std::vector<model::ChunkLayout>& chunks, const ElementBytes& b) {
   // With experts split over ep, ZeRO shards them over the expert-grad group.
   for (const auto& ch : chunks) {
     const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
-                                       config.parallel.bucket_mb, std::size_t(wg),
+                                       config.parallel.bucket_mb, std::size_t(b.wg),
                                        config.parallel.ep > 1 ? expert_grad_size(config) : 0,
-                                       policy.wire != policy.grad);
-    est.bytes[idx(MemCategory::params)] += double(z.params) * w;
-    est.bytes[idx(MemCategory::grads)] += double(z.grads) * wg;
+                                       b.policy.wire != b.policy.grad);
+    est.bytes[idx(MemCategory::params)] += double(z.params) * b.w;
+    est.bytes[idx(MemCategory::grads)] += double(z.grads) * b.wg;
     est.bytes[idx(MemCategory::optimizer)] +=
-        double(z.optimizer_range) * state_w * (moments + (mixed ? 1.0 : 0.0));
-    est.bytes[idx(MemCategory::comm)] += double(z.comm_grads) * wg + double(z.comm_params) * w +
+        double(z.optimizer_range) * b.state_w * b.state_copies;
+    est.bytes[idx(MemCategory::comm)] += double(z.comm_grads) * b.wg + double(z.comm_params) * b.w +
                                          double(z.comm_wire) * double(sizeof(bf16));
   }
-  // The experts' part of it: every expert element has its parameter, gradient and optimizer
-  // state here, or (ZeRO) its share of the shards of the group it is reduced over (the
-  // expert-grad group when experts are split over ep).
+  // Every expert element has its parameter, gradient and optimizer state here, or (ZeRO) its
+  // share of the shards of the group it is reduced over (the expert-grad group when experts
+  // are split over ep).
   const int zero = int(config.parallel.zero);
   const double D = double(config.parallel.ep > 1 ? expert_grad_size(config)
                                                  : dense_grad_size(config)),
                experts = double(est.expert_params);
-  est.expert_param_bytes = experts * w / (zero >= 3 ? D : 1.0);
-  est.expert_grad_bytes = experts * wg / (zero >= 2 ? D : 1.0);
-  est.expert_optimizer_bytes =
-      experts * state_w * (moments + (mixed ? 1.0 : 0.0)) / (zero >= 1 ? D : 1.0);
+  est.expert_param_bytes = experts * b.w / (zero >= 3 ? D : 1.0);
+  est.expert_grad_bytes = experts * b.wg / (zero >= 2 ? D : 1.0);
+  est.expert_optimizer_bytes = experts * b.state_w * b.state_copies / (zero >= 1 ? D : 1.0);
+}
 
+// Each chunk's activation slots and scratch, ring attention's buffers and a bf16 gemm's panels.
+void add_activations(MemoryEstimate& est, const Config& config, const model::ShardCoord& coord,
+                     const std::vector<model::ChunkLayout>& chunks, const StageNeeds& needs,
+                     const ElementBytes& b) {
   const model::Dims d = model::dims_of(config);
   const std::int64_t T = d.S / config.parallel.cp;
   // Each chunk keeps as many micro-batches as its rank's schedule has in flight (GPipe all
   // m, 1F1B p - rank, ...): the slots the trainer allocates, from the same checker.
-  const auto& in_flight = needs.in_flight;
   // train%recompute: blocks keep less, and one block's recomputed tensors share a workspace
   // the stage charges to activations (model/stage.cpp).
   const model::Recompute recompute = model::recompute_mode(config.train.recompute);
@@ -234,12 +244,13 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
     const auto act =
         model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
                                 config.parallel.sequence_parallel && coord.tp > 1, recompute);
-    const double slots = double(in_flight[std::size_t(ch.chunk)]);
+    const double slots = double(needs.in_flight[std::size_t(ch.chunk)]);
     est.bytes[idx(MemCategory::activations)] +=
-        double(act.kept(ch.n_layers)) * slots * w + double(act.recompute) * w +
-        double(act.kept_stats(ch.n_layers)) * slots * w_stat + double(act.recompute_stats) * w_stat;
+        double(act.kept(ch.n_layers)) * slots * b.w + double(act.recompute) * b.w +
+        double(act.kept_stats(ch.n_layers)) * slots * b.w_stat +
+        double(act.recompute_stats) * b.w_stat;
     est.bytes[idx(MemCategory::workspace)] +=
-        double(act.scratch) * w + double(act.scratch_grads) * wg;
+        double(act.scratch) * b.w + double(act.scratch_grads) * b.wg;
   }
   // Ring attention's backward buffers, held during one block's attention at a time. (The
   // attention kernel's blocks live in Kokkos team scratch, a few (64, 64) blocks per thread:
@@ -247,19 +258,36 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
   // A bf16 gemm's fp32 panels (kernels/gemm.hpp) are held while it runs, never during the
   // ring's attention: the larger of the two.
   est.bytes[idx(MemCategory::workspace)] += std::max(
-      estimate_ring(config).workspace, double(kernels::gemm_workspace_bytes(policy.compute)));
+      estimate_ring(config).workspace, double(kernels::gemm_workspace_bytes(b.policy.compute)));
+}
 
-  // A pipeline's message buffers, each one stage input (R rows of d_model), and on a chunk
-  // with wte but not both ends, the whole-tensor buffer its gradient is summed in.
-  if (config.parallel.pp > 1) {
-    const auto shape = model::act_shape(d, coord, config.train.micro_batch, T,
-                                        config.parallel.sequence_parallel && coord.tp > 1);
-    est.bytes[idx(MemCategory::comm)] += double(needs.buffers) * double(shape.R * d.C) * w;
-    for (const auto& ch : chunks)
-      for (const auto& t : ch.tensors)
-        if (t.name == "wte.weight" && !(ch.has_embedding && ch.has_head))
-          est.bytes[idx(MemCategory::comm)] += double(t.numel) * wg;
-  }
+// A pipeline's message buffers, each one stage input (R rows of d_model), and on a chunk with
+// wte but not both ends, the whole-tensor buffer its gradient is summed in.
+void add_pipeline_buffers(MemoryEstimate& est, const Config& config, const model::ShardCoord& coord,
+                          const std::vector<model::ChunkLayout>& chunks, const StageNeeds& needs,
+                          const ElementBytes& b) {
+  if (config.parallel.pp <= 1) return;
+  const model::Dims d = model::dims_of(config);
+  const auto shape = model::act_shape(d, coord, config.train.micro_batch, d.S / config.parallel.cp,
+                                      config.parallel.sequence_parallel && coord.tp > 1);
+  est.bytes[idx(MemCategory::comm)] += double(needs.buffers) * double(shape.R * d.C) * b.w;
+  for (const auto& ch : chunks)
+    for (const auto& t : ch.tensors)
+      if (t.name == "wte.weight" && !(ch.has_embedding && ch.has_head))
+        est.bytes[idx(MemCategory::comm)] += double(t.numel) * b.wg;
+}
+
+MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coord,
+                              const StageNeeds& needs) {
+  MemoryEstimate est;
+  const auto chunks = model::build_layout(config, coord);
+  for (const auto& ch : chunks)
+    for (const auto& t : ch.tensors) (t.expert ? est.expert_params : est.dense_params) += t.numel;
+  est.local_params = est.dense_params + est.expert_params;
+  const ElementBytes b = element_bytes(config);
+  add_training_state(est, config, chunks, b);
+  add_activations(est, config, coord, chunks, needs, b);
+  add_pipeline_buffers(est, config, coord, chunks, needs, b);
   return est;
 }
 

@@ -13,9 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <string>
 #include <vector>
-
-#include "util/error.hpp"
 
 namespace ptrain::device_guard {
 namespace {
@@ -182,22 +182,20 @@ void install() {
 void* allocate(std::size_t bytes, const std::string& label) {
   if (bytes == 0) return nullptr;
   const std::size_t mapped = (bytes + g_page - 1) & ~(g_page - 1);
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // Zeroed, as a Kokkos allocation is, and closed until a scope touches it.
+  void* p = mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   g_regions.push_back(Region{static_cast<char*>(p), mapped, bytes, label, false});
-  protect(down(p), down(p) + mapped, PROT_NONE);
   return p;
 }
 
-void deallocate(void* p, std::size_t bytes) {
-  if (!p) return;
+void deallocate(void* p) {
   for (std::size_t i = 0; i < g_regions.size(); ++i)
     if (g_regions[i].base == p) {
       munmap(p, g_regions[i].mapped);
       g_regions.erase(g_regions.begin() + std::ptrdiff_t(i));
       return;
     }
-  (void)bytes;
 }
 
 HostAccess::HostAccess(const char* what) : previous_(g_what) { enter(what); }

@@ -33,7 +33,7 @@ void prepare_mpi();
 void install();
 // A zeroed, guarded region of `bytes` for a TrackedView, and its release.
 void* allocate(std::size_t bytes, const std::string& label);
-void deallocate(void* p, std::size_t bytes);
+void deallocate(void* p);
 // The host may touch tracked memory (except lent ranges) while one of these lives. Nests.
 class HostAccess {
  public:
@@ -64,7 +64,7 @@ inline constexpr bool kEnabled = false;
 inline void prepare_mpi() {}
 inline void install() {}
 inline void* allocate(std::size_t, const std::string&) { return nullptr; }
-inline void deallocate(void*, std::size_t) {}
+inline void deallocate(void*) {}
 class HostAccess {
  public:
   explicit HostAccess(const char*) {}

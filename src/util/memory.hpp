@@ -62,7 +62,7 @@ class TrackedView {
   }
   ~TrackedView() {
     if (bytes_) memory::sub(cat_, bytes_);
-    if constexpr (device_guard::kEnabled) device_guard::deallocate(view_.data(), bytes_);
+    if constexpr (device_guard::kEnabled) device_guard::deallocate(view_.data());
   }
 
   const view_type& view() const { return view_; }
