@@ -1,4 +1,4 @@
-// ptrain-test: np=1 labels=quick timeout=120
+// ptrain-test: np=1 labels=quick timeout=120 threads=4
 // Blockwise attention against a naive (T x T) reference, its backward against central
 // finite differences in fp64, and the context-parallel contract: attention over all keys
 // equals the lse-merge of attentions over disjoint key chunks, and per-chunk backwards
@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/attention.hpp"
@@ -78,15 +79,36 @@ Naive run_qkv(const HVec& qkv, int B, int Tn, int NH, int HS, const AttentionCon
   return {host(out), host(lse)};
 }
 
-AttentionConfig blocks(int bq, int bk, bool causal = true) {
+// Every test runs on each kernel: the host kernel, and the device kernel with one thread a
+// team and with three (threads own rows of a tile, so three exercises rows split unevenly).
+struct Variant {
+  KernelShape kernel;
+  int team_size;
+};
+Variant g_variant{KernelShape::host, 0};
+
+class KernelsAttention : public ::testing::TestWithParam<Variant> {
+ protected:
+  void SetUp() override { g_variant = GetParam(); }
+};
+
+// The variant's kernel with default blocks.
+AttentionConfig base() {
   AttentionConfig c;
+  c.kernel = g_variant.kernel;
+  c.team_size = g_variant.team_size;
+  return c;
+}
+
+AttentionConfig blocks(int bq, int bk, bool causal = true) {
+  AttentionConfig c = base();
   c.q_block = bq;
   c.k_block = bk;
   c.causal = causal;
   return c;
 }
 
-TEST(KernelsAttention, ForwardMatchesNaiveForAnyBlocking) {
+TEST_P(KernelsAttention, ForwardMatchesNaiveForAnyBlocking) {
   const int B = 2, NH = 2, HS = 3;
   for (int Tn : {1, 7, 16})
     for (bool causal : {true, false}) {
@@ -105,11 +127,11 @@ TEST(KernelsAttention, ForwardMatchesNaiveForAnyBlocking) {
     }
 }
 
-TEST(KernelsAttention, ForwardAtModelLikeHeadSize) {
+TEST_P(KernelsAttention, ForwardAtModelLikeHeadSize) {
   const int B = 1, Tn = 37, NH = 3, HS = 16;
   const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * NH * HS, 7, -1, 1);
   const Naive ref = naive_qkv(qkv, B, Tn, NH, HS, true);
-  for (const auto& cfg : {AttentionConfig{}, blocks(5, 7)}) {
+  for (const auto& cfg : {base(), blocks(5, 7)}) {
     const Naive f = run_qkv<float>(qkv, B, Tn, NH, HS, cfg);
     EXPECT_LT(rel_err(f.out, ref.out), 1e-6);
     EXPECT_LT(rel_err(f.lse, ref.lse), 1e-6);
@@ -117,7 +139,7 @@ TEST(KernelsAttention, ForwardAtModelLikeHeadSize) {
 }
 
 // Queries and packed K/V in separate buffers, at position offsets (a context-parallel step).
-TEST(KernelsAttention, SeparateBuffersPositionOffsetsAndEmptyRows) {
+TEST_P(KernelsAttention, SeparateBuffersPositionOffsetsAndEmptyRows) {
   const int B = 2, Tq = 5, Tk = 8, NH = 2, HS = 3, C = NH * HS;
   const HVec q = random_vec(std::size_t(B) * Tq * C, 11),
              kv = random_vec(std::size_t(B) * Tk * 2 * C, 12);
@@ -158,7 +180,7 @@ void check_backward_fd(const AttentionConfig& cfg) {
   EXPECT_LT(rel_err(host(dqkvf), host(dqkv)), 1e-5);
 }
 
-TEST(KernelsAttention, BackwardMatchesFiniteDifferences) {
+TEST_P(KernelsAttention, BackwardMatchesFiniteDifferences) {
   check_backward_fd(blocks(2, 3));
   check_backward_fd(blocks(3, 2));
   check_backward_fd(blocks(3, 2, false));
@@ -210,7 +232,7 @@ HVec naive_backward_qkv(const HVec& qkv, const HVec& dout, int B, int T, int NH,
 // Head sizes of one to four whole 16-wide tiles, and blockings whose causal row groups
 // compute scores over one to four tiles and a partial one: forward and backward against
 // the naive ones.
-TEST(KernelsAttention, ModelSizedHeadsMatchNaiveForwardAndBackward) {
+TEST_P(KernelsAttention, ModelSizedHeadsMatchNaiveForwardAndBackward) {
   const int B = 2, Tn = 100, NH = 2;
   for (int HS : {16, 32, 48, 64}) {
     const int C = NH * HS;
@@ -218,7 +240,7 @@ TEST(KernelsAttention, ModelSizedHeadsMatchNaiveForwardAndBackward) {
     const HVec R = random_vec(std::size_t(B) * Tn * C, 41 + HS);
     const Naive ref = naive_qkv(qkv, B, Tn, NH, HS, true);
     const HVec dref = naive_backward_qkv(qkv, R, B, Tn, NH, HS);
-    for (const auto& cfg : {AttentionConfig{}, blocks(48, 40), blocks(37, 64)}) {
+    for (const auto& cfg : {base(), blocks(48, 40), blocks(37, 64)}) {
       const Naive d = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
       EXPECT_LT(rel_err(d.out, ref.out), 1e-13) << "HS " << HS << " blocks " << cfg.q_block;
       auto dqkv = dev<double>(HVec(qkv.size(), 5.0));  // overwritten
@@ -235,7 +257,7 @@ TEST(KernelsAttention, ModelSizedHeadsMatchNaiveForwardAndBackward) {
   }
 }
 
-TEST(KernelsAttention, MergeOfKeyChunksEqualsFullAndChunkBackwardsSum) {
+TEST_P(KernelsAttention, MergeOfKeyChunksEqualsFullAndChunkBackwardsSum) {
   const int B = 2, Tn = 7, NH = 2, HS = 3, C = NH * HS, half = 3;
   const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * C, 31, -2, 2);
   const HVec R = random_vec(std::size_t(B) * Tn * C, 32);
@@ -275,7 +297,7 @@ TEST(KernelsAttention, MergeOfKeyChunksEqualsFullAndChunkBackwardsSum) {
   }
 }
 
-TEST(KernelsAttention, MergeHandlesRowsWithoutKeys) {
+TEST_P(KernelsAttention, MergeHandlesRowsWithoutKeys) {
   const int B = 1, Tn = 2, NH = 1, HS = 2;
   auto oa = dev<double>({1, 2, 3, 4}), la = dev<double>({kNegInf, 0.5});
   auto ob = dev<double>({5, 6, 7, 8}), lb = dev<double>({kNegInf, kNegInf});
@@ -292,7 +314,7 @@ TEST(KernelsAttention, MergeHandlesRowsWithoutKeys) {
   EXPECT_NEAR(l[1], std::log(2.0), 1e-15);
 }
 
-TEST(KernelsAttention, RejectsBadConfigAndShortViews) {
+TEST_P(KernelsAttention, RejectsBadConfigAndShortViews) {
   const int B = 1, Tn = 4, NH = 1, HS = 2;
   auto qkv = dev<double>(HVec(B * Tn * 3 * NH * HS));
   Kokkos::View<double*> out("out", B * Tn * NH * HS), lse("lse", B * NH * Tn);
@@ -381,10 +403,10 @@ struct Bf16Shape {
 // Causal self-attention with T not a multiple of the blocks; T = 130 has rows of 128+ keys.
 const std::vector<Bf16Shape> kBf16Shapes = {{2, 77, 3, 32}, {2, 130, 2, 64}};
 
-TEST(KernelsAttention, Bf16ForwardIsFp32ArithmeticRoundedOnce) {
+TEST_P(KernelsAttention, Bf16ForwardIsFp32ArithmeticRoundedOnce) {
   for (const auto& [B, Tn, NH, HS] : kBf16Shapes) {
     const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * NH * HS, 50 + HS, -1, 1));
-    for (const auto& cfg : {AttentionConfig{}, blocks(5, 7), blocks(48, 40)}) {
+    for (const auto& cfg : {base(), blocks(5, 7), blocks(48, 40)}) {
       const Naive ref = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
       const Naive h = run_qkv<bf16>(qkv, B, Tn, NH, HS, cfg);
       const double e_out = rel_err(h.out, ref.out);
@@ -433,11 +455,11 @@ HVec bf16_scratch_row(const HVec& qkv, int b, int t, int h, int Tn, int NH, int 
 // The bounds above can fail: on the rows that see 128 or more keys, a forward with bf16 scratch
 // (emulated on the host) misses the row bound 1.5 u, and even the norm-wise 4 u, by far; the
 // kernels meet them.
-TEST(KernelsAttention, Bf16ErrorBoundsCatchBf16Accumulation) {
+TEST_P(KernelsAttention, Bf16ErrorBoundsCatchBf16Accumulation) {
   const int B = 1, Tn = 130, NH = 2, HS = 64, C = NH * HS, first = 127;  // rows 127.. see 128+
   const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * C, 60, -1, 1));
-  const Naive ref = run_qkv<double>(qkv, B, Tn, NH, HS, {});
-  const Naive h = run_qkv<bf16>(qkv, B, Tn, NH, HS, {});
+  const Naive ref = run_qkv<double>(qkv, B, Tn, NH, HS, base());
+  const Naive h = run_qkv<bf16>(qkv, B, Tn, NH, HS, base());
   const int rows = Tn - first;
   HVec emulated(std::size_t(rows) * C), kernel(emulated.size()), exact(emulated.size());
   for (int t = first; t < Tn; ++t)
@@ -463,12 +485,12 @@ TEST(KernelsAttention, Bf16ErrorBoundsCatchBf16Accumulation) {
   EXPECT_GT(norm_emulated, 4 * kU);
 }
 
-TEST(KernelsAttention, Bf16BackwardMatchesFp64AndAccumulatesInFp32) {
+TEST_P(KernelsAttention, Bf16BackwardMatchesFp64AndAccumulatesInFp32) {
   for (const auto& [B, Tn, NH, HS] : kBf16Shapes) {
     const int C = NH * HS;
     const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * C, 70 + HS, -1, 1));
     const HVec R = round_bf16(random_vec(std::size_t(B) * Tn * C, 71 + HS));
-    for (const auto& cfg : {AttentionConfig{}, blocks(5, 7)}) {
+    for (const auto& cfg : {base(), blocks(5, 7)}) {
       const Naive d = run_qkv<double>(qkv, B, Tn, NH, HS, cfg);
       auto dref_v = dev<double>(HVec(qkv.size()));
       attention_backward<double>(dref_v, dev<double>(R), dev<double>(d.out), dev<double>(d.lse),
@@ -519,12 +541,12 @@ TEST(KernelsAttention, Bf16BackwardMatchesFp64AndAccumulatesInFp32) {
 
 // Context parallelism in bf16: key chunks at k_pos0 merged (fp32 lse), per-chunk backwards
 // accumulated; and a query chunk at q_pos0 whose rows see 81 to 130 keys.
-TEST(KernelsAttention, Bf16KeyAndQueryChunksMatchFp64) {
+TEST_P(KernelsAttention, Bf16KeyAndQueryChunksMatchFp64) {
   const int B = 2, Tn = 130, NH = 2, HS = 32, C = NH * HS, half = 70;
   const HVec qkv = round_bf16(random_vec(std::size_t(B) * Tn * 3 * C, 81, -1, 1));
   const HVec R = round_bf16(random_vec(std::size_t(B) * Tn * C, 82));
   const std::size_t bstride = std::size_t(Tn) * 3 * C;
-  const Naive full = run_qkv<double>(qkv, B, Tn, NH, HS, {});
+  const Naive full = run_qkv<double>(qkv, B, Tn, NH, HS, base());
   auto dfull_v = dev<double>(HVec(qkv.size()));
   attention_backward<double>(dfull_v, dev<double>(R), dev<double>(full.out), dev<double>(full.lse),
                              dev<double>(qkv), B, Tn, NH, HS);
@@ -601,7 +623,7 @@ TEST(KernelsAttention, Bf16KeyAndQueryChunksMatchFp64) {
       e_out / kU, e_lse, e_grad / kU, e_qout / kU, e_qrow / kU, e_qlse, e_qgrad / kU);
 }
 
-TEST(KernelsAttention, Bf16MergeHandlesRowsWithoutKeys) {
+TEST_P(KernelsAttention, Bf16MergeHandlesRowsWithoutKeys) {
   const int B = 1, Tn = 2, NH = 1, HS = 2;
   auto oa = dev<bf16>({1, 2, 3, 4});
   auto la = dev<float>({kNegInf, 0.5});
@@ -612,4 +634,81 @@ TEST(KernelsAttention, Bf16MergeHandlesRowsWithoutKeys) {
   EXPECT_EQ(host(la), (HVec{kNegInf, 0.5}));
 }
 
+// The device kernel's result does not depend on its team size: each output element is summed
+// by one thread in a fixed order. Needs a space with more than one thread (the Kokkos OpenMP
+// build; ctest gives this test 4).
+TEST(KernelsAttentionDevice, ResultDoesNotDependOnTeamSize) {
+  if (Kokkos::DefaultExecutionSpace().concurrency() < 2)
+    GTEST_SKIP() << "one thread: every team size is 1 here";
+  const int B = 2, Tn = 130, NH = 2, HS = 64, C = NH * HS;
+  const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * C, 91, -1, 1);
+  const HVec R = random_vec(std::size_t(B) * Tn * C, 92);
+  HVec out1, dqkv1;
+  for (int team : {1, 2, 3, 4}) {
+    AttentionConfig cfg;
+    cfg.kernel = KernelShape::device;
+    cfg.team_size = team;
+    const Naive f = run_qkv<float>(qkv, B, Tn, NH, HS, cfg);
+    auto dqkv = dev<float>(HVec(qkv.size()));
+    attention_backward<float>(dqkv, dev<float>(R), dev<float>(f.out), dev<float>(f.lse),
+                              dev<float>(qkv), B, Tn, NH, HS, cfg);
+    if (team == 1) {
+      out1 = f.out;
+      dqkv1 = host(dqkv);
+      continue;
+    }
+    EXPECT_EQ(differing(f.out, out1), 0u) << "team size " << team;
+    EXPECT_EQ(differing(host(dqkv), dqkv1), 0u) << "team size " << team;
+  }
+}
+
+// Each launch's team scratch at GPT-2 124M and 350M shapes (head size 64, T = 1024) and 13B
+// (head size 128, T = 2048), whole sequences and context-parallel chunks, fits the 48 KiB a
+// CUDA block gets by default; the host kernel's does not (why there are two).
+TEST(KernelsAttentionDevice, ScratchFitsAGpuBlockAtGptShapes) {
+  struct Shape {
+    const char* model;
+    int HS, Tq, Tk;
+  };
+  const std::vector<Shape> shapes = {{"124M", 64, 1024, 1024},
+                                     {"350M", 64, 1024, 1024},
+                                     {"13B", 128, 2048, 2048},
+                                     {"13B cp4 chunk", 128, 256, 1024}};
+  AttentionConfig dev_cfg;
+  dev_cfg.kernel = KernelShape::device;
+  for (const Shape& s : shapes) {
+    const AttentionScratch f = attention_scratch<float>(s.Tq, s.Tk, s.HS, dev_cfg);
+    const AttentionScratch h = attention_scratch<bf16>(s.Tq, s.Tk, s.HS, dev_cfg);
+    const AttentionScratch d = attention_scratch<double>(s.Tq, s.Tk, s.HS, dev_cfg);
+    std::printf("%s (HS %d): device scratch fp32 %zu/%zu B, bf16 %zu/%zu B, fp64 %zu/%zu B\n",
+                s.model, s.HS, f.forward, f.backward, h.forward, h.backward, d.forward, d.backward);
+    for (const AttentionScratch& a : {f, h, d}) {
+      EXPECT_LE(a.forward, kDeviceScratchBytes) << s.model;
+      EXPECT_LE(a.backward, kDeviceScratchBytes) << s.model;
+      EXPECT_GT(a.forward, kDeviceScratchBytes / 2) << s.model << ": tiles shrank too far";
+    }
+  }
+#if !PTRAIN_DEVICE_BUILD
+  AttentionConfig host_cfg;
+  host_cfg.kernel = KernelShape::host;
+  const AttentionScratch host = attention_scratch<float>(1024, 1024, 64, host_cfg);
+  EXPECT_GT(host.forward, kDeviceScratchBytes);
+  EXPECT_GT(host.backward, kDeviceScratchBytes);
+#endif
+}
+
 }  // namespace
+
+// A device build has only the device kernel.
+const std::vector<Variant> kVariants = {
+#if !PTRAIN_DEVICE_BUILD
+    {KernelShape::host, 0},
+#endif
+    {KernelShape::device, 1},
+    {KernelShape::device, 3}};
+INSTANTIATE_TEST_SUITE_P(Kernels, KernelsAttention, ::testing::ValuesIn(kVariants),
+                         [](const ::testing::TestParamInfo<Variant>& v) {
+                           return v.param.kernel == KernelShape::host
+                                      ? std::string("host")
+                                      : "device_team" + std::to_string(v.param.team_size);
+                         });

@@ -103,6 +103,17 @@ TEST(Util, FormatBytes) {
 
 // ---- the device guard (a PTRAIN_DEVICE_GUARD=ON build; skipped elsewhere) ---------------
 
+// v[first, first + n) = value, by a kernel named `name`. (A free function: nvcc takes no
+// device lambda inside a gtest body, which is a private member.)
+void set_range(const char* name, Kokkos::View<float*> v, int first, int n, float value) {
+  Kokkos::parallel_for(
+      name, Kokkos::RangePolicy<>(first, first + n), KOKKOS_LAMBDA(int i) { v(i) = value; });
+}
+void fill_iota(Kokkos::View<float*> v) {
+  Kokkos::parallel_for(
+      "test::fill", v.extent(0), KOKKOS_LAMBDA(std::size_t i) { v(i) = float(i); });
+}
+
 // A macro: GTEST_SKIP returns from the function it is written in. Death tests fork only (the
 // "fast" style): a re-executed child would initialise MPI again.
 #define PTRAIN_SKIP_UNLESS_GUARDED()                                                             \
@@ -113,8 +124,7 @@ TEST(DeviceGuard, KernelsCopiesAndStagingScopesMayTouchTensors) {
   PTRAIN_SKIP_UNLESS_GUARDED();
   TrackedView<float> t(MemCategory::activations, "open", 3000);
   Kokkos::View<float*> v = t.view();
-  Kokkos::parallel_for(
-      "test::fill", v.extent(0), KOKKOS_LAMBDA(std::size_t i) { v(i) = float(i); });
+  fill_iota(v);
   std::vector<float> back = staging::to_host(v);
   EXPECT_EQ(back[2999], 2999.0f);
   {
@@ -145,13 +155,10 @@ TEST(DeviceGuard, CatchesAKernelWritingABufferLentToComm) {
   Kokkos::View<float*> v = t.view();
   // A Comm all-reduce holds the middle of the buffer; a kernel may still write the rest.
   device_guard::lend(t.data() + 2048, 4096 * sizeof(float), "all-reduce", false);
-  Kokkos::parallel_for(
-      "test::outside", 1024, KOKKOS_LAMBDA(int i) { v(i) = 1.0f; });
-  EXPECT_DEATH(Kokkos::parallel_for(
-                   "test::race", 1, KOKKOS_LAMBDA(int) { v(4000) = 1.0f; }),
+  set_range("test::outside", v, 0, 1024, 1.0f);
+  EXPECT_DEATH(set_range("test::race", v, 4000, 1, 1.0f),
                "'test::race' touched tensor 'bucket' at byte 16000 of 32768 while it is lent to "
                "a Comm all-reduce");
   device_guard::give_back(t.data() + 2048, 4096 * sizeof(float));
-  Kokkos::parallel_for(
-      "test::after", 1, KOKKOS_LAMBDA(int) { v(4000) = 1.0f; });
+  set_range("test::after", v, 4000, 1, 1.0f);
 }

@@ -1,33 +1,19 @@
-// kernels/attention.cpp — blockwise (flash-style) attention as one Kokkos team kernel per
-// call: a team per (b, h, query block) in the forward and per (b, h) in the backward (which
-// owns that head's dK and dV, so nothing races and the result does not depend on the thread
-// count). The block products are in-kernel loops over team scratch, not gemm calls: on CPU
-// threads, one small BLAS call and one parallel region per block cost more in fork/join than
-// the block's arithmetic.
-//
-// Storage type T, arithmetic in A = accumulate_t<T>. For float and double A is T: the blocks
-// read Q, V, dO and K rows where they lie and dQ, dK, dV accumulate in place. For bf16 every
-// block operand is widened to fp32 in team scratch first, so the block code below runs on
-// float exactly as for a float call; dK and dV accumulate in fp32 scratch per key block and
-// dQ in fp32 level-1 scratch over the whole call, each rounded to bf16 once, when stored.
+// kernels/attention.cpp — the attention entry points: argument checks, then the kernel the
+// config names (attention_host.cpp or attention_device.cpp); the lse merge of key chunks.
 #include "kernels/attention.hpp"
 
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <string>
-#include <type_traits>
 
+#include "kernels/attention_detail.hpp"
 #include "kernels/detail_math.hpp"
-#include "kernels/kernels.hpp"
 #include "util/element_types.hpp"
 #include "util/error.hpp"
 
 namespace ptrain::kernels {
 namespace {
-
-// A block of `want` rows out of n, never larger than n (and at least 1).
-int block_rows(int want, int n) { return want < n ? want : (n > 0 ? n : 1); }
 
 void require_len(const char* what, std::size_t extent, std::size_t need) {
   PTRAIN_REQUIRE(extent >= need, what, ": view of ", extent, " elements, needs ", need);
@@ -75,597 +61,46 @@ void check_backward_args(const Heads<T>& dq, const Heads<T>& dk, const Heads<T>&
   require_len("attention_backward lse", lse.extent(0), std::size_t(B) * NH * Tq);
 }
 
-// Number of keys j0 + c (c < nk) query row qrow may see: all, or up to its position.
-KOKKOS_INLINE_FUNCTION int visible_keys(bool causal, int q_pos, int k_pos_first, int nk) {
-  if (!causal) return nk;
-  const int lim = q_pos - k_pos_first + 1;
-  return lim < 0 ? 0 : (lim < nk ? lim : nk);
-}
-
-// Score columns a row group computes: its last row's visible keys kmax, rounded up to whole
-// tiles (within nk). Past kmax every score of the group is masked, so on a causal diagonal
-// block the products do about half the work.
-KOKKOS_INLINE_FUNCTION int score_columns(int kmax, int nk, int tile) {
-  const int n = (kmax + tile - 1) / tile * tile;
-  return n < nk ? n : nk;
-}
-
-// True when the whole key block starting at k_pos_first lies after every query of the
-// query block ending at q_pos_last (so it and all later key blocks are masked).
-KOKKOS_INLINE_FUNCTION bool block_masked(bool causal, int q_pos_last, int k_pos_first) {
-  return causal && k_pos_first > q_pos_last;
-}
-using Team = Kokkos::TeamPolicy<Kokkos::Schedule<Kokkos::Dynamic>>;
-using Member = Team::member_type;
-
-// True when T is a storage type whose arithmetic is done in a wider type (bf16): the kernels
-// then widen their operands into scratch and round their results once, where they store.
-template <class T>
-constexpr bool kWidened = !std::is_same_v<T, accumulate_t<T>>;
-
-// A league of `teams` teams with `scratch_elems` elements of T each in level-0 scratch (and
-// `level1_elems` in level-1 scratch, when nonzero). One thread per team on the host: the
-// teams are the parallelism, and a block's loops vectorise.
-template <class T>
-Team team_policy(int teams, std::size_t scratch_elems, std::size_t level1_elems = 0) {
-  if (level1_elems == 0)
-    return Team(teams, 1).set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)));
-  return Team(teams, 1)
-      .set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)))
-      .set_scratch_size(1, Kokkos::PerTeam(level1_elems * sizeof(T)));
-}
-
-template <class T>
-KOKKOS_INLINE_FUNCTION T* scratch(const Member& m, std::size_t elems, int level = 0) {
-  return static_cast<T*>(m.team_scratch(level).get_shmem(elems * sizeof(T)));
-}
-
-// The block products, on raw rows, R rows at a time: y[u] (n) [=] alpha x[u] (k) @ M (k, n)
-// + beta y[u] for u < R, where x[u]'s elements are incx apart and M's rows ldm apart. The R
-// rows share each load of M, and columns go in tiles of kTile accumulators that stay in
-// vector registers across the whole sum (a plain y[j] += x[i] M[i][j] loop would wait on the
-// store of y every step). Each element adds its k terms in order, so the result does not
-// depend on R or the tiling.
-constexpr int kTile = 16;
-
-// On a host compiler with GNU vector types, a whole tile is one vector value. GCC 12 does not
-// vectorise the plain loops below into registers for one or two tiles (it kept their sums on
-// the stack: 38-46 GFLOP/s on one core against 200-220 for three or four tiles); with vector
-// types every tile count runs at 140-210.
-#if !PTRAIN_KERNELS_DEVICE_PASS && (defined(__GNUC__) || defined(__clang__))
-#define PTRAIN_ATTENTION_TILE_VECTORS 1
-template <class T>
-struct TileVector;
-template <>
-struct TileVector<float> {
-  typedef float type __attribute__((vector_size(kTile * sizeof(float))));
-};
-template <>
-struct TileVector<double> {
-  typedef double type __attribute__((vector_size(kTile * sizeof(double))));
-};
-#else
-#define PTRAIN_ATTENTION_TILE_VECTORS 0
-#endif
-
-template <class T, int R, int Tiles, bool Partial>
-KOKKOS_INLINE_FUNCTION void vec_mat_tiles(T* const (&y)[R], const T* const (&x)[R], int incx,
-                                          const T* M, int ldm, int k, T alpha, T beta, int j,
-                                          int width) {
-  static_assert(!Partial || Tiles == 1, "only a single tile may be partial");
-#if PTRAIN_ATTENTION_TILE_VECTORS
-  if constexpr (!Partial) {
-    using V = typename TileVector<T>::type;
-    V acc[R][Tiles] = {};
-    for (int i = 0; i < k; ++i) {
-      const T* m = M + std::size_t(i) * ldm + j;
-      V mv[Tiles];
-      for (int t = 0; t < Tiles; ++t) __builtin_memcpy(&mv[t], m + t * kTile, sizeof(V));
-      for (int u = 0; u < R; ++u) {
-        const T xi = x[u][std::size_t(i) * incx];
-        for (int t = 0; t < Tiles; ++t) acc[u][t] += xi * mv[t];
-      }
-    }
-    for (int u = 0; u < R; ++u)
-      for (int t = 0; t < Tiles; ++t) {
-        T* const out = y[u] + j + t * kTile;
-        V o;
-        if (beta == T(0)) {
-          o = alpha * acc[u][t];
-        } else {
-          __builtin_memcpy(&o, out, sizeof(V));
-          o = beta * o + alpha * acc[u][t];
-        }
-        __builtin_memcpy(out, &o, sizeof(V));
-      }
-    return;
-  }
-#endif
-  T acc[R][Tiles][kTile] = {};
-  for (int i = 0; i < k; ++i) {
-    const T* m = M + std::size_t(i) * ldm + j;
-    for (int u = 0; u < R; ++u) {
-      const T xi = x[u][std::size_t(i) * incx];
-      for (int t = 0; t < Tiles; ++t)
-        for (int l = 0; l < kTile; ++l)
-          if (!Partial || l < width) acc[u][t][l] += xi * m[t * kTile + l];
-    }
-  }
-  for (int u = 0; u < R; ++u)
-    for (int t = 0; t < Tiles; ++t)
-      for (int l = 0; l < kTile; ++l) {
-        if (Partial && l >= width) break;
-        T& out = y[u][j + t * kTile + l];
-        out = beta == T(0) ? alpha * acc[u][t][l] : beta * out + alpha * acc[u][t][l];
-      }
-}
-
-template <class T, int R>
-KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], int incx, const T* M,
-                                    int ldm, int k, int n, T alpha, T beta) {
-  int j = 0;
-  for (; j + 4 * kTile <= n; j += 4 * kTile)
-    vec_mat_tiles<T, R, 4, false>(y, x, incx, M, ldm, k, alpha, beta, j, 4 * kTile);
-  // Then up to three whole tiles together (each element of x loaded then feeds them all),
-  // and one partial tile: with a runtime width GCC vectorises a tile poorly (attention at
-  // head size 32 took 2.4-2.8x longer), so only the last has one.
-  const int whole = (n - j) / kTile;  // 0 to 3
-  if (whole == 3)
-    vec_mat_tiles<T, R, 3, false>(y, x, incx, M, ldm, k, alpha, beta, j, 3 * kTile);
-  else if (whole == 2)
-    vec_mat_tiles<T, R, 2, false>(y, x, incx, M, ldm, k, alpha, beta, j, 2 * kTile);
-  else if (whole == 1)
-    vec_mat_tiles<T, R, 1, false>(y, x, incx, M, ldm, k, alpha, beta, j, kTile);
-  j += whole * kTile;
-  if (j < n) vec_mat_tiles<T, R, 1, true>(y, x, incx, M, ldm, k, alpha, beta, j, n - j);
-}
-
-// f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): groups of
-// kRows, and one smaller last group, spread over the team's threads. Six, not four: on one
-// core four tiles of six rows ran at 205 GFLOP/s, of four rows at 145.
-constexpr int kRows = 6;
-
-template <class F>
-KOKKOS_INLINE_FUNCTION void row_groups(const Member& m, int n, const F& f) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (n + kRows - 1) / kRows), [&](int i) {
-    const int r0 = kRows * i;
-    switch (n - r0 < kRows ? n - r0 : kRows) {
-      case 6:
-        f(std::integral_constant<int, 6>{}, r0);
-        break;
-      case 5:
-        f(std::integral_constant<int, 5>{}, r0);
-        break;
-      case 4:
-        f(std::integral_constant<int, 4>{}, r0);
-        break;
-      case 3:
-        f(std::integral_constant<int, 3>{}, r0);
-        break;
-      case 2:
-        f(std::integral_constant<int, 2>{}, r0);
-        break;
-      default:
-        f(std::integral_constant<int, 1>{}, r0);
-        break;
-    }
-  });
-}
-
-// bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld), widened to A.
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION void pack_transposed(const Member& m, A* bt, const T* src, int ld, int n,
-                                            int k) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int c) {
-    const T* row = src + std::size_t(c) * ld;
-    for (int d = 0; d < k; ++d) bt[std::size_t(d) * n + c] = A(row[d]);
-  });
-}
-
-// dst: (n, k) rows k apart [=] the (n, k) rows src (row stride ld) widened to A, or zero
-// when !keep (a fresh accumulator).
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION void pack_rows(const Member& m, A* dst, const T* src, int ld, int n, int k,
-                                      bool keep = true) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
-    const T* row = src + std::size_t(r) * ld;
-    A* const o = dst + std::size_t(r) * k;
-    for (int d = 0; d < k; ++d) o[d] = keep ? A(row[d]) : A(0);
-  });
-}
-
-// dst: (n, k) rows ld apart [=] the (n, k) rows src (k apart) rounded to T: an accumulator's
-// one rounding.
-template <class T, class A>
-KOKKOS_INLINE_FUNCTION void store_rows(const Member& m, T* dst, int ld, const A* src, int n,
-                                       int k) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
-    T* const row = dst + std::size_t(r) * ld;
-    const A* const s = src + std::size_t(r) * k;
-    for (int d = 0; d < k; ++d) row[d] = T(s[d]);
-  });
-}
-
-// x's rows t < n of batch b, head columns [head, head + HS), set to zero by the team.
-template <class T>
-KOKKOS_INLINE_FUNCTION void zero_head_rows(const Member& m, const Heads<T>& x, int b, int n,
-                                           std::size_t head, int HS) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int t) {
-    T* const row = x.view.data() + x.at(b, t, n) + head;
-    for (int d = 0; d < HS; ++d) row[d] = T(0);
-  });
-}
-
-// A block of rows as the products read (or accumulate into) them: its first row and row
-// stride. Where T is its own accumulate type these are the tensor's rows; bf16 rows are
-// widened into the team's scratch at w (rows k apart), an accumulator from the tensor when
-// `keep`, else from zero (rounded back once, by store_rows).
-template <class A>
-struct Rows {
-  A* p;
-  int ld;
-};
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION Rows<const A> read_rows(const Member& m, A* w, const T* src, int ld, int n,
-                                               int k) {
-  if constexpr (kWidened<T>) {
-    pack_rows(m, w, src, ld, n, k);
-    return {w, k};
-  } else {
-    return {src, ld};
-  }
-}
-// dQ's rows of the query block starting at row i0: the head's widened accumulator dqw (bf16),
-// or dq's own rows.
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION Rows<A> dq_rows(A* dqw, T* dq, int ld, int i0, int HS) {
-  if constexpr (kWidened<T>) {
-    return {dqw + std::size_t(i0) * HS, HS};
-  } else {
-    return {dq, ld};
-  }
-}
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION Rows<A> accumulator_rows(const Member& m, A* w, T* dst, int ld, int n, int k,
-                                                bool keep) {
-  if constexpr (kWidened<T>) {
-    pack_rows(m, w, dst, ld, n, k, keep);
-    return {w, k};
-  } else {
-    return {dst, ld};
-  }
-}
-
-// One query row's online-softmax step over a key block: s (nv) [=] exp(s - m') with m' the
-// new running max m, the running sum l rescaled and extended, and acc (HS) rescaled.
-template <class T>
-KOKKOS_INLINE_FUNCTION void online_softmax_step(T* s, int nv, T& m, T& l, T* acc, int HS,
-                                                T neg_inf) {
-  const T m_blk = detail::row_max(s, nv, neg_inf);
-  const T m_new = m > m_blk ? m : m_blk;
-  const T corr = m == neg_inf ? T(0) : detail::exp_(m - m_new);
-  for (int c = 0; c < nv; ++c) s[c] = detail::exp_(s[c] - m_new);
-  l = l * corr + detail::row_sum(s, nv);
-  m = m_new;
-  for (int d = 0; d < HS; ++d) acc[d] *= corr;
-}
-
-// One query row of a backward block: on its nv visible keys p [=] exp(p - lse) and ds,
-// holding dP = dO V^T, [=] scale p (dP - D); both 0 past them up to nk (p and dP were
-// computed only up to the row group's score columns).
-template <class T>
-KOKKOS_INLINE_FUNCTION void softmax_backward_row(T* p, T* ds, int nv, int nk, T lse, T D, T scale) {
-  for (int c = 0; c < nv; ++c) p[c] = detail::exp_(p[c] - lse);
-  for (int c = 0; c < nv; ++c) ds[c] = scale * p[c] * (ds[c] - D);
-  for (int c = nv; c < nk; ++c) p[c] = ds[c] = T(0);
-}
-
-// sum_i x[i] y[i] in A: detail::row_dot when both are A, else the same sum on y widened.
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION A row_dot_widened(const A* x, const T* y, int n) {
-  if constexpr (std::is_same_v<T, A>) {
-    return detail::row_dot(x, y, n);
-  } else {
-    A acc[detail::kLanes] = {};
-    int i = 0;
-    for (; i + detail::kLanes <= n; i += detail::kLanes)
-      for (int l = 0; l < detail::kLanes; ++l) acc[l] += x[i + l] * A(y[i + l]);
-    A s = 0;
-    for (; i < n; ++i) s += x[i] * A(y[i]);
-    for (int l = 0; l < detail::kLanes; ++l) s += acc[l];
-    return s;
-  }
-}
-
-// D (n) [=] rowsum(dO * O) over a block's n rows (dO's dout_ld apart, O's out_ld apart, HS
-// columns), by the team.
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION void rowsum_dout_out(const Member& m, A* D, const A* dout, int dout_ld,
-                                            const T* out, int out_ld, int n, int HS) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
-    D[r] = row_dot_widened(dout + std::size_t(r) * dout_ld, out + std::size_t(r) * out_ld, HS);
-  });
-}
-
-// One (query block, key block) pair of the forward, as its row groups see it: the team's
-// scratch and the block's rows of Q and V (head columns). The group functions take blocks
-// by value: a local copy, which the block's float stores cannot alias (by reference,
-// attention ran about 10% slower).
-template <class T>
-struct ForwardBlock {
-  T* s;         // scores, then probabilities (nq, nk)
-  T* acc;       // output accumulator (nq, HS)
-  T* m;         // running max (nq)
-  T* l;         // running sum (nq)
-  const T* kt;  // K_blk^T (HS, nk)
-  const T* q;   // the query block's first row, rows q_ld apart
-  const T* v;   // the key block's first row of V, rows v_ld apart
-  int q_ld, v_ld, nk, HS, q_pos_first, k_pos_first;
-  bool causal;
-  T scale, neg_inf;
-};
-
-// Forward rows r0 .. r0 + R - 1 of a block: s = scale q_r K_blk^T; online softmax over the
-// visible keys; acc_r += p V_blk. Rows see different numbers of keys (causal): a row's p is 0
-// past its own. Forced inline: called out of line, the forward ran about 7% slower.
-template <class T, int R>
-KOKKOS_FORCEINLINE_FUNCTION void forward_rows(const ForwardBlock<T> f, int r0) {
-  T* s[R];
-  const T* qr[R];
-  const T* pr[R];
-  T* acc[R];
-  int nv[R], kmax = 0;
-  for (int u = 0; u < R; ++u) {
-    const int r = r0 + u;
-    s[u] = f.s + std::size_t(r) * f.nk;
-    pr[u] = s[u];
-    qr[u] = f.q + std::size_t(r) * f.q_ld;
-    acc[u] = f.acc + std::size_t(r) * f.HS;
-    nv[u] = visible_keys(f.causal, f.q_pos_first + r, f.k_pos_first, f.nk);
-    kmax = nv[u] > kmax ? nv[u] : kmax;
-  }
-  if (kmax == 0) return;
-  vec_mat<T, R>(s, qr, 1, f.kt, f.nk, f.HS, score_columns(kmax, f.nk, kTile), f.scale, T(0));
-  for (int u = 0; u < R; ++u) {
-    const int r = r0 + u;
-    for (int c = nv[u]; c < kmax; ++c) s[u][c] = T(0);
-    if (nv[u] > 0) online_softmax_step(s[u], nv[u], f.m[r], f.l[r], acc[u], f.HS, f.neg_inf);
-  }
-  vec_mat<T, R>(acc, pr, 1, f.v, f.v_ld, kmax, f.HS, T(1), T(1));
-}
-
-// One (key block, query block) pair of the backward, as its row and column groups see it:
-// the team's scratch, and the first rows of the blocks in Q, dQ, dO and lse (query block)
-// and in K, dK, dV (key block), head columns.
-template <class T>
-struct BackwardBlock {
-  T* p;         // P (nq, nk)
-  T* ds;        // dP, then dS (nq, nk)
-  const T* D;   // rowsum(dO * O) (nq)
-  const T* kt;  // K_blk^T (HS, nk)
-  const T* vt;  // V_blk^T (HS, nk)
-  const T* q;
-  T* dq;
-  const T* dout;
-  const T* lse;
-  const T* k;
-  T* dk;
-  T* dv;
-  int q_ld, dq_ld, dout_ld, k_ld, dk_ld, dv_ld;  // row strides
-  int nq, nk, HS, q_pos_first, k_pos_first;
-  bool causal;
-  T scale, neg_inf;
-};
-
-// Backward query rows r0 .. r0 + R - 1 of a block: p = exp(scale q_r K^T - lse_r), masked
-// entries 0; dp = dO_r V^T; ds = scale p (dp - D_r) (S was scale Q K^T); dQ_r += ds K_blk.
-template <class T, int R>
-KOKKOS_INLINE_FUNCTION void backward_query_rows(const BackwardBlock<T> f, int r0) {
-  T* p[R];
-  T* ds[R];
-  T* dqr[R];
-  const T* qr[R];
-  const T* dor[R];
-  const T* dsr[R];
-  int nv[R], kmax = 0;
-  for (int u = 0; u < R; ++u) {
-    const int r = r0 + u;
-    p[u] = f.p + std::size_t(r) * f.nk;
-    ds[u] = f.ds + std::size_t(r) * f.nk;
-    dsr[u] = ds[u];
-    dqr[u] = f.dq + std::size_t(r) * f.dq_ld;
-    qr[u] = f.q + std::size_t(r) * f.q_ld;
-    dor[u] = f.dout + std::size_t(r) * f.dout_ld;
-    nv[u] =
-        f.lse[r] == f.neg_inf ? 0 : visible_keys(f.causal, f.q_pos_first + r, f.k_pos_first, f.nk);
-    kmax = nv[u] > kmax ? nv[u] : kmax;
-  }
-  const int ncols = score_columns(kmax, f.nk, kTile);
-  if (kmax > 0) {
-    vec_mat<T, R>(p, qr, 1, f.kt, f.nk, f.HS, ncols, f.scale, T(0));
-    vec_mat<T, R>(ds, dor, 1, f.vt, f.nk, f.HS, ncols, T(1), T(0));
-  }
-  for (int u = 0; u < R; ++u)
-    softmax_backward_row(p[u], ds[u], nv[u], f.nk, f.lse[r0 + u], f.D[r0 + u], f.scale);
-  if (kmax > 0) vec_mat<T, R>(dqr, dsr, 1, f.k, f.k_ld, kmax, f.HS, T(1), T(1));
-}
-
-// Backward keys c0 .. c0 + R - 1 of a block: dV_c += P[:, c]^T dO; dK_c += dS[:, c]^T Q,
-// over the query rows from the first that sees key c0 (P and dS are 0 above it, causal).
-template <class T, int R>
-KOKKOS_INLINE_FUNCTION void backward_key_columns(const BackwardBlock<T> f, int c0) {
-  const int seen = f.causal ? c0 + f.k_pos_first - f.q_pos_first : 0;
-  const int r_first = seen < 0 ? 0 : seen;
-  if (r_first >= f.nq) return;
-  T* dvc[R];
-  T* dkc[R];
-  const T* pc[R];
-  const T* dsc[R];
-  for (int u = 0; u < R; ++u) {
-    const int c = c0 + u;
-    dvc[u] = f.dv + std::size_t(c) * f.dv_ld;
-    dkc[u] = f.dk + std::size_t(c) * f.dk_ld;
-    pc[u] = f.p + std::size_t(r_first) * f.nk + c;
-    dsc[u] = f.ds + std::size_t(r_first) * f.nk + c;
-  }
-  const int rows = f.nq - r_first;
-  vec_mat<T, R>(dvc, pc, f.nk, f.dout + std::size_t(r_first) * f.dout_ld, f.dout_ld, rows, f.HS,
-                T(1), T(1));
-  vec_mat<T, R>(dkc, dsc, f.nk, f.q + std::size_t(r_first) * f.q_ld, f.q_ld, rows, f.HS, T(1),
-                T(1));
-}
-
-// The start of one head's backward, by its team. bf16: the head's dQ accumulator in level-1
-// scratch, from dq (accumulate) or zero, returned. Otherwise the team's rows of dq, dk and dv,
-// zeroed unless accumulating; nullptr.
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION A* begin_head(const Member& team, const Heads<T>& dq, const Heads<T>& dk,
-                                     const Heads<T>& dv, int b, int Tq, int Tk, std::size_t head,
-                                     int HS, std::size_t dq_elems, bool accumulate) {
-  if constexpr (kWidened<T>) {
-    A* const dqw = scratch<A>(team, dq_elems, 1);
-    pack_rows(team, dqw, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, Tq, HS, accumulate);
-    return dqw;
-  } else {
-    if (!accumulate) {
-      zero_head_rows(team, dq, b, Tq, head, HS);
-      zero_head_rows(team, dk, b, Tk, head, HS);
-      zero_head_rows(team, dv, b, Tk, head, HS);
-    }
-    return nullptr;
-  }
-}
-
-// One (key block, query block) pair of the backward, its operands in place: D = rowsum(dO * O)
-// into D (O's rows out_ld apart), then dQ's rows, then dK's and dV's columns.
-template <class A, class T>
-KOKKOS_INLINE_FUNCTION void backward_block(const Member& team, const BackwardBlock<A>& blk, A* D,
-                                           const T* out, int out_ld) {
-  // D again for each key block: a (bq, HS) pass, against scratch that stays a few blocks
-  // whatever the sequence length.
-  rowsum_dout_out(team, D, blk.dout, blk.dout_ld, out, out_ld, blk.nq, blk.HS);
-  team.team_barrier();
-  row_groups(team, blk.nq,
-             [&](auto rows, int r0) { backward_query_rows<A, decltype(rows)::value>(blk, r0); });
-  team.team_barrier();
-  row_groups(team, blk.nk,
-             [&](auto cols, int c0) { backward_key_columns<A, decltype(cols)::value>(blk, c0); });
-}
-
-// Each team's level-0 scratch, as offsets in elements of the accumulate type A. Forward:
-// K_blk^T (HS, bk) | scores/probabilities (bq, bk) | output accumulator (bq, HS) | running
-// max (bq) | running sum (bq); widened (bf16) only: Q_blk (bq, HS) | V_blk (bk, HS).
-struct ForwardScratch {
-  std::size_t kt, s, acc, m, l, qw, vw, elems;
-};
-template <class T>
-ForwardScratch forward_scratch(int bq, int bk, int HS) {
-  ForwardScratch f{};
-  f.kt = 0;
-  f.s = f.kt + std::size_t(HS) * bk;
-  f.acc = f.s + std::size_t(bq) * bk;
-  f.m = f.acc + std::size_t(bq) * HS;
-  f.l = f.m + bq;
-  f.qw = f.l + bq;
-  f.vw = f.qw + std::size_t(bq) * HS;
-  f.elems = kWidened<T> ? f.vw + std::size_t(bk) * HS : f.qw;
-  return f;
-}
-
-// Backward: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk) | D =
-// rowsum(dO * O) (bq); widened (bf16) only: K_blk (bk, HS) | Q_blk (bq, HS) | dO_blk (bq, HS)
-// | dK_blk, dV_blk accumulators (bk, HS) each, and in level-1 scratch the head's dQ
-// accumulator (Tq, HS).
-struct BackwardScratch {
-  std::size_t kt, vt, p, ds, d, kw, qw, dow, dkw, dvw, elems, dq_elems;
-};
-template <class T>
-BackwardScratch backward_scratch(int bq, int bk, int HS, int Tq) {
-  BackwardScratch b{};
-  b.kt = 0;
-  b.vt = b.kt + std::size_t(HS) * bk;
-  b.p = b.vt + std::size_t(HS) * bk;
-  b.ds = b.p + std::size_t(bq) * bk;
-  b.d = b.ds + std::size_t(bq) * bk;
-  b.kw = b.d + bq;
-  b.qw = b.kw + std::size_t(bk) * HS;
-  b.dow = b.qw + std::size_t(bq) * HS;
-  b.dkw = b.dow + std::size_t(bq) * HS;
-  b.dvw = b.dkw + std::size_t(bk) * HS;
-  b.elems = kWidened<T> ? b.dvw + std::size_t(bk) * HS : b.kw;
-  b.dq_elems = kWidened<T> ? std::size_t(Tq) * HS : 0;
-  return b;
+void require_kernel(const AttentionConfig& cfg) {
+  PTRAIN_REQUIRE(!PTRAIN_DEVICE_BUILD || cfg.kernel == KernelShape::device,
+                 "attention: the host kernel is not built for a device execution space");
 }
 
 }  // namespace
 
 std::int64_t attention_pairs(int Tq, int Tk, const AttentionConfig& cfg) {
   std::int64_t n = 0;
-  for (int i = 0; i < Tq; ++i) n += visible_keys(cfg.causal, cfg.q_pos0 + i, cfg.k_pos0, Tk);
+  for (int i = 0; i < Tq; ++i)
+    n += detail::visible_keys(cfg.causal, cfg.q_pos0 + i, cfg.k_pos0, Tk);
   return n;
+}
+
+template <class T>
+AttentionScratch attention_scratch(int Tq, int Tk, int HS, const AttentionConfig& cfg) {
+  check_config(cfg, 1, Tq, Tk, 1, HS);
+  require_kernel(cfg);
+  if (cfg.kernel == KernelShape::device)
+    return detail::device_attention_scratch<T>(Tq, Tk, HS, cfg);
+#if !PTRAIN_DEVICE_BUILD
+  return detail::host_attention_scratch<T>(Tq, Tk, HS, cfg);
+#else
+  return {};
+#endif
 }
 
 template <class T>
 void attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v,
                        int B, int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg) {
-  using A = accumulate_t<T>;
   const int C = check_qkv<T>("attention_forward", q, k, v, B, Tq, Tk, NH, HS, cfg);
   require_len("attention_forward out", out.extent(0), std::size_t(B) * Tq * C);
   require_len("attention_forward lse", lse.extent(0), std::size_t(B) * NH * Tq);
+  require_kernel(cfg);
   if (B == 0 || Tq == 0) return;
-
-  const int bq = block_rows(cfg.q_block, Tq);
-  const int bk = block_rows(cfg.k_block, Tk);
-  const int q_blocks = (Tq + bq - 1) / bq;
-  const ForwardScratch sc = forward_scratch<T>(bq, bk, HS);
-  const A scale = A(1) / std::sqrt(A(HS));
-  const A neg_inf = -std::numeric_limits<A>::infinity();
-  const bool causal = cfg.causal;
-  const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
-
-  Kokkos::parallel_for(
-      "ptrain::attention_forward", team_policy<A>(B * NH * q_blocks, sc.elems),
-      KOKKOS_LAMBDA(const Member& team) {
-        // team = (b*NH + h)*q_blocks + query block
-        const int qb = team.league_rank() % q_blocks, bh = team.league_rank() / q_blocks;
-        const int h = bh % NH, b = bh / NH, i0 = qb * bq;
-        const int nq = i0 + bq <= Tq ? bq : Tq - i0;
-        const int q_pos_first = q_pos0 + i0;
-        A* const w = scratch<A>(team, sc.elems);
-        const Rows<const A> qr = read_rows(
-            team, w + sc.qw, q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS, q.ld, nq, HS);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-          w[sc.m + r] = neg_inf;
-          w[sc.l + r] = A(0);
-          for (int d = 0; d < HS; ++d) w[sc.acc + std::size_t(r) * HS + d] = A(0);
-        });
-        for (int j0 = 0; j0 < Tk; j0 += bk) {
-          const int nk = j0 + bk <= Tk ? bk : Tk - j0;
-          const int k_pos_first = k_pos0 + j0;
-          if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
-          const std::size_t head = std::size_t(h) * HS;
-          team.team_barrier();
-          pack_transposed(team, w + sc.kt, k.view.data() + k.at(b, j0, Tk) + head, k.ld, nk, HS);
-          const Rows<const A> vr =
-              read_rows(team, w + sc.vw, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
-          team.team_barrier();
-          const ForwardBlock<A> blk{
-              w + sc.s, w + sc.acc, w + sc.m, w + sc.l,    w + sc.kt,   qr.p,   vr.p,  qr.ld,
-              vr.ld,    nk,         HS,       q_pos_first, k_pos_first, causal, scale, neg_inf};
-          row_groups(team, nq,
-                     [&](auto rows, int r0) { forward_rows<A, decltype(rows)::value>(blk, r0); });
-        }
-        T* const outp = out.data() + (std::size_t(b) * Tq + i0) * C + std::size_t(h) * HS;
-        A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-          const A l = w[sc.l + r];
-          const A* acc = w + sc.acc + std::size_t(r) * HS;
-          T* o = outp + std::size_t(r) * C;
-          const A inv = l > A(0) ? A(1) / l : A(0);
-          for (int d = 0; d < HS; ++d) o[d] = T(acc[d] * inv);
-          lsep[r] = l > A(0) ? w[sc.m + r] + detail::log_(l) : neg_inf;
-        });
-      });
+  if (cfg.kernel == KernelShape::device)
+    return detail::device_attention_forward<T>(out, lse, q, k, v, B, Tq, Tk, NH, HS, cfg);
+#if !PTRAIN_DEVICE_BUILD
+  detail::host_attention_forward<T>(out, lse, q, k, v, B, Tq, Tk, NH, HS, cfg);
+#endif
 }
 
 template <class T>
@@ -681,72 +116,16 @@ void attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVe
                         CVec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v, int B,
                         int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg,
                         bool accumulate) {
-  using A = accumulate_t<T>;
   check_backward_args(dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, NH, HS, cfg);
-  const int C = NH * HS;
+  require_kernel(cfg);
   if (B == 0) return;
-
-  const int bq = block_rows(cfg.q_block, Tq);
-  const int bk = block_rows(cfg.k_block, Tk);
-  const BackwardScratch sc = backward_scratch<T>(bq, bk, HS, Tq);
-  const A scale = A(1) / std::sqrt(A(HS));
-  const A neg_inf = -std::numeric_limits<A>::infinity();
-  const bool causal = cfg.causal;
-  const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
-
-  Kokkos::parallel_for(
-      "ptrain::attention_backward", team_policy<A>(B * NH, sc.elems, sc.dq_elems),
-      KOKKOS_LAMBDA(const Member& team) {
-        const int h = team.league_rank() % NH, b = team.league_rank() / NH;
-        const std::size_t head = std::size_t(h) * HS;
-        A* const w = scratch<A>(team, sc.elems);
-        A* const dqw =
-            begin_head<A>(team, dq, dk, dv, b, Tq, Tk, head, HS, sc.dq_elems, accumulate);
-        const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
-        // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
-        // dQ's rows still add the key blocks in order, and dK's and dV's the query blocks.
-        for (int j0 = 0; j0 < Tk; j0 += bk) {
-          const int nk = j0 + bk <= Tk ? bk : Tk - j0;
-          const int k_pos_first = k_pos0 + j0;
-          const T* const kg = k.view.data() + k.at(b, j0, Tk) + head;
-          T* const dkg = dk.view.data() + dk.at(b, j0, Tk) + head;
-          T* const dvg = dv.view.data() + dv.at(b, j0, Tk) + head;
-          team.team_barrier();
-          pack_transposed(team, w + sc.kt, kg, k.ld, nk, HS);
-          pack_transposed(team, w + sc.vt, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
-          const Rows<const A> kr = read_rows(team, w + sc.kw, kg, k.ld, nk, HS);
-          const Rows<A> dkr = accumulator_rows(team, w + sc.dkw, dkg, dk.ld, nk, HS, accumulate);
-          const Rows<A> dvr = accumulator_rows(team, w + sc.dvw, dvg, dv.ld, nk, HS, accumulate);
-          for (int i0 = 0; i0 < Tq; i0 += bq) {
-            const int nq = i0 + bq <= Tq ? bq : Tq - i0;
-            const int q_pos_first = q_pos0 + i0;
-            if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) continue;
-            team.team_barrier();
-            const Rows<const A> qr =
-                read_rows(team, w + sc.qw, q.view.data() + q.at(b, i0, Tq) + head, q.ld, nq, HS);
-            const Rows<const A> dor =
-                read_rows(team, w + sc.dow, dout.data() + o_head + std::size_t(i0) * C, C, nq, HS);
-            const Rows<A> dqr =
-                dq_rows(dqw, dq.view.data() + dq.at(b, i0, Tq) + head, dq.ld, i0, HS);
-            const A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
-            const BackwardBlock<A> blk{
-                w + sc.p,    w + sc.ds,   w + sc.d, w + sc.kt, w + sc.vt, qr.p,  dqr.p,
-                dor.p,       lsep,        kr.p,     dkr.p,     dvr.p,     qr.ld, dqr.ld,
-                dor.ld,      kr.ld,       dkr.ld,   dvr.ld,    nq,        nk,    HS,
-                q_pos_first, k_pos_first, causal,   scale,     neg_inf};
-            backward_block(team, blk, w + sc.d, out.data() + o_head + std::size_t(i0) * C, C);
-          }
-          if constexpr (kWidened<T>) {  // the key block's dK and dV, rounded once
-            team.team_barrier();
-            store_rows(team, dkg, dk.ld, w + sc.dkw, nk, HS);
-            store_rows(team, dvg, dv.ld, w + sc.dvw, nk, HS);
-          }
-        }
-        if constexpr (kWidened<T>) {  // the head's dQ, rounded once
-          team.team_barrier();
-          store_rows(team, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, dqw, Tq, HS);
-        }
-      });
+  if (cfg.kernel == KernelShape::device)
+    return detail::device_attention_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, NH,
+                                                HS, cfg, accumulate);
+#if !PTRAIN_DEVICE_BUILD
+  detail::host_attention_backward<T>(dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, NH, HS, cfg,
+                                     accumulate);
+#endif
 }
 
 template <class T>
@@ -790,6 +169,7 @@ void attention_merge(Vec<T> out_a, Vec<accumulate_t<T>> lse_a, CVec<T> out_b,
 }
 
 #define PTRAIN_INSTANTIATE(T)                                                                      \
+  template AttentionScratch attention_scratch<T>(int, int, int, const AttentionConfig&);           \
   template void attention_forward<T>(Vec<T>, Vec<accumulate_t<T>>, CHeads<T>, CHeads<T>,           \
                                      CHeads<T>, int, int, int, int, int, const AttentionConfig&);  \
   template void attention_forward<T>(Vec<T>, Vec<accumulate_t<T>>, CVec<T>, int, int, int, int,    \

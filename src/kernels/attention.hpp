@@ -2,8 +2,8 @@
 // The forward runs an online softmax over key blocks and returns the log-sum-exp of each
 // query row's scaled scores, so partial results over disjoint key sets (context-parallel
 // ring steps) merge exactly with attention_merge. The backward recomputes the
-// probabilities from lse. No (T, T) matrix is ever formed: each call is one Kokkos team
-// kernel whose teams keep (q_block, k_block) blocks in team scratch.
+// probabilities from lse. No (T, T) matrix is ever formed: the teams of each Kokkos team
+// kernel keep (query block, key block) tiles in team scratch. Two kernels: AttentionConfig::kernel.
 //
 // Element types: T = double, float or bf16 is the storage of q, k, v, out, dout, dq, dk and dv;
 // the arithmetic (scores, the online softmax, the block products, D = rowsum(dO * O), dS and
@@ -54,13 +54,35 @@ Heads<T> qkv_part(Kokkos::View<T*> qkv, int which, int C) {
   return Heads<T>(qkv, std::size_t(which) * C, 3 * C);
 }
 
+// Which kernel a call runs (kernels/view.hpp's KernelShape; by default the process-wide one).
+// - host: a team per block with one thread, its rows register-blocked (the CPU kernel).
+// - device: a team of threads with one query or key row each and tiles in team scratch
+//   within kDeviceScratchBytes; its backward is two launches (dK and dV over key tiles, dQ
+//   over query tiles), so no two threads add into one element and the result does not depend
+//   on the team size (the GPU kernel; CPU builds run it too, which is how it is tested).
+// The two sum in different orders: results agree to rounding, not bit for bit.
+
+// The level-0 team scratch the device kernel's tiles are sized to fit: what a CUDA block
+// gets without opting in to more.
+constexpr std::size_t kDeviceScratchBytes = 48 * 1024;
+
 struct AttentionConfig {
-  int q_block = 64;    // query rows per block
+  KernelShape kernel = kernel_shape();
+  int team_size = 0;   // device kernel: threads a team (0: a tile row each on a GPU, 1 on CPUs)
+  int q_block = 64;    // query rows per block (the device kernel's tiles: at most this and 64)
   int k_block = 64;    // key rows per block
   bool causal = true;  // mask key j for query i when k_pos0 + j > q_pos0 + i
   int q_pos0 = 0;      // sequence position of query row 0 (context-parallel chunks)
   int k_pos0 = 0;      // sequence position of key row 0
 };
+
+// The level-0 team scratch, in bytes, that a call of this config at these shapes launches
+// with: the forward's, and the largest of the backward's launches.
+struct AttentionScratch {
+  std::size_t forward = 0, backward = 0;
+};
+template <class T>
+AttentionScratch attention_scratch(int Tq, int Tk, int HS, const AttentionConfig& cfg = {});
 
 // The (query, key) pairs left unmasked for Tq queries at positions q_pos0.. against Tk keys
 // at k_pos0.. (per sample and head): the useful work of a causal attention call.

@@ -9,6 +9,8 @@
 namespace ptrain::kernels {
 namespace {
 
+using Team = Kokkos::TeamPolicy<>::member_type;
+
 void require_len(const char* what, std::size_t extent, std::size_t need) {
   PTRAIN_REQUIRE(extent >= need, what, ": view of ", extent, " elements, needs ", need);
 }
@@ -24,16 +26,31 @@ int real_columns(const VocabShard& s) {
 
 }  // namespace
 
+// Both shapes sum in the same order (detail::team_lanes): the row sums agree bit for bit.
 template <class T>
 void crossentropy_row_max(Vec<accumulate_t<T>> row_max, CVec<T> logits, int N,
                           const VocabShard& shard) {
+  using A = accumulate_t<T>;
   require_len("crossentropy_row_max row_max", row_max.extent(0), std::size_t(N));
   require_len("crossentropy_row_max logits", logits.extent(0), std::size_t(N) * shard.v_local);
   const int V = shard.v_local, nreal = real_columns(shard);
-  const accumulate_t<T> lowest = -std::numeric_limits<accumulate_t<T>>::infinity();
+  const A lowest = -std::numeric_limits<A>::infinity();
+  if (kernel_shape() == KernelShape::host) {
+    Kokkos::parallel_for(
+        "ptrain::crossentropy_row_max", N, KOKKOS_LAMBDA(int n) {
+          row_max(n) = detail::row_max(logits.data() + std::size_t(n) * V, nreal, lowest);
+        });
+    return;
+  }
   Kokkos::parallel_for(
-      "ptrain::crossentropy_row_max", N, KOKKOS_LAMBDA(int n) {
-        row_max(n) = detail::row_max(logits.data() + std::size_t(n) * V, nreal, lowest);
+      "ptrain::crossentropy_row_max(teams)", detail::row_teams<A>(N),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int n = team.league_rank();
+        const T* x = logits.data() + std::size_t(n) * V;
+        const A m = detail::team_lanes(
+            team, detail::lanes_of<A>(team), nreal, lowest, [&](int v) { return A(x[v]); },
+            detail::Max{});
+        Kokkos::single(Kokkos::PerTeam(team), [&] { row_max(n) = m; });
       });
 }
 
@@ -48,12 +65,30 @@ void crossentropy_row_sumexp(Vec<accumulate_t<T>> sumexp, Vec<accumulate_t<T>> t
   require_len("crossentropy_row_sumexp targets", targets.extent(0), std::size_t(N));
   require_len("crossentropy_row_sumexp logits", logits.extent(0), std::size_t(N) * shard.v_local);
   const int V = shard.v_local, nreal = real_columns(shard), v_begin = shard.v_begin;
+  if (kernel_shape() == KernelShape::host) {
+    Kokkos::parallel_for(
+        "ptrain::crossentropy_row_sumexp", N, KOKKOS_LAMBDA(int n) {
+          const T* x = logits.data() + std::size_t(n) * V;
+          sumexp(n) = detail::row_sum_exp(x, nreal, A(1), row_max(n));
+          const int col = targets(n) - v_begin;
+          target_logit(n) = (col >= 0 && col < nreal) ? A(x[col]) : A(0);
+        });
+    return;
+  }
   Kokkos::parallel_for(
-      "ptrain::crossentropy_row_sumexp", N, KOKKOS_LAMBDA(int n) {
+      "ptrain::crossentropy_row_sumexp(teams)", detail::row_teams<A>(N),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int n = team.league_rank();
         const T* x = logits.data() + std::size_t(n) * V;
-        sumexp(n) = detail::row_sum_exp(x, nreal, A(1), row_max(n));
-        const int col = targets(n) - v_begin;
-        target_logit(n) = (col >= 0 && col < nreal) ? A(x[col]) : A(0);
+        const A m = row_max(n);
+        const A sum = detail::team_lanes(
+            team, detail::lanes_of<A>(team), nreal, A(0),
+            [&](int v) { return detail::exp_(A(x[v]) * A(1) - m); }, detail::Plus{});
+        Kokkos::single(Kokkos::PerTeam(team), [&] {
+          sumexp(n) = sum;
+          const int col = targets(n) - v_begin;
+          target_logit(n) = (col >= 0 && col < nreal) ? A(x[col]) : A(0);
+        });
       });
 }
 
@@ -79,23 +114,41 @@ void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
   require_len("crossentropy_backward sumexp", sumexp.extent(0), std::size_t(N));
   require_len("crossentropy_backward targets", targets.extent(0), std::size_t(N));
   const int V = shard.v_local, nreal = real_columns(shard), v_begin = shard.v_begin;
+  // logits row x (V) [=] dloss (softmax(x) - onehot(target)) on the real columns, 0 past them.
+  // For bf16 the target's p - 1 is formed in fp32 and rounded once (read before x is written).
+  if (kernel_shape() == KernelShape::host) {
+    Kokkos::parallel_for(
+        "ptrain::crossentropy_backward", N, KOKKOS_LAMBDA(int n) {
+          T* x = logits.data() + std::size_t(n) * V;
+          const A m = row_max(n), scale = dloss / sumexp(n);
+          const int col = targets(n) - v_begin;
+          const bool hit = col >= 0 && col < nreal;
+          const A target =
+              detail::kWidened<T> && hit ? detail::exp_(A(x[col]) - m) * scale - dloss : A(0);
+          for (int v = 0; v < nreal; ++v) x[v] = T(detail::exp_(A(x[v]) - m) * scale);
+          if (hit) x[col] = detail::kWidened<T> ? T(target) : T(A(x[col]) - dloss);
+          for (int v = nreal; v < V; ++v) x[v] = T(0);
+        });
+    return;
+  }
   Kokkos::parallel_for(
-      "ptrain::crossentropy_backward", N, KOKKOS_LAMBDA(int n) {
+      "ptrain::crossentropy_backward(teams)", detail::row_teams<A>(N),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int n = team.league_rank();
         T* x = logits.data() + std::size_t(n) * V;
         const A m = row_max(n), scale = dloss / sumexp(n);
         const int col = targets(n) - v_begin;
-        (void)
-            nreal;  // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
-        if constexpr (std::is_same_v<T, A>) {
-          for (int v = 0; v < nreal; ++v) x[v] = detail::exp_(x[v] - m) * scale;
-          if (col >= 0 && col < nreal) x[col] -= dloss;
-        } else {  // bf16: the target's p - 1 in fp32, rounded once
-          const A target =
-              col >= 0 && col < nreal ? detail::exp_(A(x[col]) - m) * scale - dloss : 0;
-          for (int v = 0; v < nreal; ++v) x[v] = T(detail::exp_(A(x[v]) - m) * scale);
-          if (col >= 0 && col < nreal) x[col] = T(target);
-        }
-        for (int v = nreal; v < V; ++v) x[v] = T(0);
+        const bool hit = col >= 0 && col < nreal;
+        const A target =
+            detail::kWidened<T> && hit ? detail::exp_(A(x[col]) - m) * scale - dloss : A(0);
+        team.team_barrier();  // every thread has read x[col]
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int v) {
+          x[v] = v < nreal ? T(detail::exp_(A(x[v]) - m) * scale) : T(0);
+        });
+        team.team_barrier();
+        Kokkos::single(Kokkos::PerTeam(team), [&] {
+          if (hit) x[col] = detail::kWidened<T> ? T(target) : T(A(x[col]) - dloss);
+        });
       });
 }
 

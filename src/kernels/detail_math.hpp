@@ -10,7 +10,9 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include "kernels/view.hpp"
 #include "util/element_types.hpp"
 #include "util/kmath.hpp"
 
@@ -21,6 +23,12 @@ namespace ptrain::kernels::detail {
 #else
 #define PTRAIN_KERNELS_DEVICE_PASS 0
 #endif
+
+// True when T is a storage type whose arithmetic is done in a wider type (bf16): kernels then
+// widen their operands and round their results once, where they store. (Namespace scope:
+// nvcc takes no function-local constant inside a device lambda's `if constexpr`.)
+template <class T>
+constexpr bool kWidened = !std::is_same_v<T, accumulate_t<T>>;
 
 KOKKOS_INLINE_FUNCTION double exp_(double x) { return kmath::exp(x); }
 
@@ -147,6 +155,72 @@ KOKKOS_INLINE_FUNCTION A row_sum_exp(const T* x, int n, accumulate_t<T> scale,
   for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
 }
+
+// sum_i term(i), i < n, in row_sum's order (kLanes lanes over the whole blocks, the tail, then
+// the lanes): bit for bit row_sum when term(i) = A(x[i]).
+template <class A, class Term>
+KOKKOS_INLINE_FUNCTION A row_sum_of(int n, const Term& term) {
+  A acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += term(i + l);
+  A s = 0;
+  for (; i < n; ++i) s += term(i);
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// The lane reductions above by a team (the device shape of a row kernel): each lane's partial,
+// and the tail's, on a thread of its own in the serial order, then combined in the serial
+// order by every thread: bit for bit the serial result, whatever the team size. `lanes` is
+// team scratch of kLanes + 1 values; combine is `a + b`, or max as row_max writes it.
+template <class A, class Member, class Term, class Combine>
+KOKKOS_INLINE_FUNCTION A team_lanes(const Member& team, A* lanes, int n, A init, const Term& term,
+                                    const Combine& combine) {
+  const int full = n / kLanes * kLanes;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kLanes + 1), [&](int l) {
+    A acc = init;
+    if (l < kLanes)
+      for (int i = l; i < full; i += kLanes) acc = combine(acc, term(i));
+    else
+      for (int i = full; i < n; ++i) acc = combine(acc, term(i));
+    lanes[l] = acc;
+  });
+  team.team_barrier();
+  A s = lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) s = combine(s, lanes[l]);
+  team.team_barrier();  // the lanes may be reused at once
+  return s;
+}
+// A league of one team per row with room for team_lanes' lanes: on a device as many threads
+// as Kokkos picks, on CPU threads (tests of the device shape) up to 4 of the pool.
+template <class A>
+Kokkos::TeamPolicy<> row_teams(int rows) {
+#if PTRAIN_DEVICE_BUILD
+  Kokkos::TeamPolicy<> policy(rows, Kokkos::AUTO);
+#else
+  const int pool = Kokkos::DefaultExecutionSpace().concurrency();
+  Kokkos::TeamPolicy<> policy(rows, pool < 4 ? pool : 4);
+#endif
+  return policy.set_scratch_size(0, Kokkos::PerTeam((kLanes + 1) * sizeof(A)));
+}
+template <class A, class Member>
+KOKKOS_INLINE_FUNCTION A* lanes_of(const Member& team) {
+  return static_cast<A*>(team.team_scratch(0).get_shmem((kLanes + 1) * sizeof(A)));
+}
+
+struct Plus {
+  template <class A>
+  KOKKOS_INLINE_FUNCTION A operator()(A a, A b) const {
+    return a + b;
+  }
+};
+struct Max {  // row_max's: max(acc, v) = v > acc ? v : acc
+  template <class A>
+  KOKKOS_INLINE_FUNCTION A operator()(A acc, A v) const {
+    return v > acc ? v : acc;
+  }
+};
 
 // dst = dst + v in the accumulate type, rounded once to dst's type: `dst += v` for float
 // and double, a widening add for bf16.

@@ -7,6 +7,17 @@
 
 namespace ptrain::kernels {
 
+namespace {
+KernelShape g_shape = PTRAIN_DEVICE_BUILD ? KernelShape::device : KernelShape::host;
+}  // namespace
+
+KernelShape kernel_shape() { return g_shape; }
+void set_kernel_shape(KernelShape shape) {
+  PTRAIN_REQUIRE(!PTRAIN_DEVICE_BUILD || shape == KernelShape::device,
+                 "kernels: a device build has no host kernel shapes");
+  g_shape = shape;
+}
+
 using detail::tanh_;
 
 namespace {

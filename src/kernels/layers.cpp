@@ -42,6 +42,19 @@ void for_each_row_col(const char* label, int nrows, int ncols, const F& f) {
       });
 }
 
+using detail::Plus;
+
+// One LayerNorm output: (x - m) s w + b. For float and double from y = x - m (already in y);
+// for bf16 from x in fp32, rounded once.
+template <class T, class A>
+KOKKOS_INLINE_FUNCTION T normalized(T x, T y, A m, A s, T w, T b) {
+  if constexpr (std::is_same_v<T, A>) {
+    return y * s * w + b;
+  } else {
+    return T((A(x) - m) * s * A(w) + A(b));
+  }
+}
+
 // Largest entry of positions (or T - 1 when empty), for the wpe bounds check.
 int max_position(IntVec positions, int T) {
   if (positions.extent(0) == 0) return T - 1;
@@ -156,6 +169,8 @@ void encoder_backward(OutVec<G> dwte, OutVec<G> dwpe, CVec<T> dout, IntVec token
 
 // ---- layer norm -------------------------------------------------------------------------
 
+// Both shapes compute the same sums in the same order (detail::team_lanes is row_sum's order
+// spread over a team's threads): the statistics agree bit for bit.
 template <class T>
 void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T>> rstd,
                        CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C) {
@@ -166,31 +181,55 @@ void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T
   require_len("layernorm_forward rstd", rstd.extent(0), std::size_t(N));
   require_len("layernorm_forward weight", weight.extent(0), std::size_t(C));
   require_len("layernorm_forward bias", bias.extent(0), std::size_t(C));
+  // x, y: (N, C) rows; for float and double the variance is of y = x - m written to y first
+  // (so the host loop vectorises), for bf16 of x - m in fp32 (y could hold it only rounded)
+  if (kernel_shape() == KernelShape::host) {
+    Kokkos::parallel_for(
+        "ptrain::layernorm_forward", N, KOKKOS_LAMBDA(int n) {
+          const T* x = inp.data() + std::size_t(n) * C;
+          T* y = out.data() + std::size_t(n) * C;
+          const A m = detail::row_sum(x, C) / A(C);
+          A var;
+          if constexpr (detail::kWidened<T>) {
+            var = detail::row_sum_of<A>(C, [&](int c) { return (A(x[c]) - m) * (A(x[c]) - m); });
+          } else {
+            for (int c = 0; c < C; ++c) y[c] = x[c] - m;
+            var = detail::row_dot(y, y, C);
+          }
+          const A s = A(1) / detail::sqrt_(var / A(C) + A(1e-5));
+          for (int c = 0; c < C; ++c) y[c] = normalized<T>(x[c], y[c], m, s, weight(c), bias(c));
+          mean(n) = m;
+          rstd(n) = s;
+        });
+    return;
+  }
   Kokkos::parallel_for(
-      "ptrain::layernorm_forward", N, KOKKOS_LAMBDA(int n) {
+      "ptrain::layernorm_forward(teams)", detail::row_teams<A>(N), KOKKOS_LAMBDA(const Team& team) {
+        const int n = team.league_rank();
         const T* x = inp.data() + std::size_t(n) * C;
         T* y = out.data() + std::size_t(n) * C;
-        const T* w = weight.data();
-        const T* b = bias.data();
-        const A m = detail::row_sum(x, C) / A(C);
-        A s;
-        (void)y, (void)w,
-            (void)
-                b;  // nvcc: a device lambda may not capture a variable first inside `if constexpr`.
-        if constexpr (std::is_same_v<T, A>) {
-          // two-pass variance: sum (x - m)^2, written to y first so it vectorizes
-          for (int c = 0; c < C; ++c) y[c] = x[c] - m;
-          const A var = detail::row_dot(y, y, C) / A(C);
-          s = A(1) / detail::sqrt_(var + A(1e-5));
-          for (int c = 0; c < C; ++c) y[c] = y[c] * s * w[c] + b[c];
-        } else {  // bf16: x - m stays in fp32 (y could hold it only rounded)
-          A acc = 0;
-          for (int c = 0; c < C; ++c) acc += (A(x[c]) - m) * (A(x[c]) - m);
-          s = A(1) / detail::sqrt_(acc / A(C) + A(1e-5));
-          for (int c = 0; c < C; ++c) y[c] = T((A(x[c]) - m) * s * A(w[c]) + A(b[c]));
+        A* const lanes = detail::lanes_of<A>(team);
+        const A m = detail::team_lanes(
+                        team, lanes, C, A(0), [&](int c) { return A(x[c]); }, Plus{}) /
+                    A(C);
+        A var;
+        if constexpr (detail::kWidened<T>) {
+          var = detail::team_lanes(
+              team, lanes, C, A(0), [&](int c) { return (A(x[c]) - m) * (A(x[c]) - m); }, Plus{});
+        } else {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) { y[c] = x[c] - m; });
+          team.team_barrier();
+          var = detail::team_lanes(
+              team, lanes, C, A(0), [&](int c) { return A(y[c]) * A(y[c]); }, Plus{});
         }
-        mean(n) = m;
-        rstd(n) = s;
+        const A s = A(1) / detail::sqrt_(var / A(C) + A(1e-5));
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) {
+          y[c] = normalized<T>(x[c], y[c], m, s, weight(c), bias(c));
+        });
+        Kokkos::single(Kokkos::PerTeam(team), [&] {
+          mean(n) = m;
+          rstd(n) = s;
+        });
       });
 }
 
@@ -207,36 +246,44 @@ void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T>
   require_len("layernorm_backward weight", weight.extent(0), std::size_t(C));
   require_len("layernorm_backward mean", mean.extent(0), std::size_t(N));
   require_len("layernorm_backward rstd", rstd.extent(0), std::size_t(N));
-  // dinp = rstd (w dout - mean(w dout) - xhat mean(w dout xhat)), row by row
-  Kokkos::parallel_for(
-      "ptrain::layernorm_backward_input", N, KOKKOS_LAMBDA(int n) {
-        const T* x = inp.data() + std::size_t(n) * C;
-        const T* g = dout.data() + std::size_t(n) * C;
-        const T* w = weight.data();
-        T* dx = dinp.data() + std::size_t(n) * C;
-        const A m = mean(n), s = rstd(n);
-        A acc_g[detail::kLanes] = {}, acc_gx[detail::kLanes] = {};
-        int c = 0;
-        for (; c + detail::kLanes <= C; c += detail::kLanes)
-          for (int l = 0; l < detail::kLanes; ++l) {
-            const A wg = A(w[c + l]) * A(g[c + l]);
-            acc_g[l] += wg;
-            acc_gx[l] += wg * (A(x[c + l]) - m) * s;
-          }
-        A sum_g = 0, sum_gx = 0;
-        for (; c < C; ++c) {
-          const A wg = A(w[c]) * A(g[c]);
-          sum_g += wg;
-          sum_gx += wg * (A(x[c]) - m) * s;
-        }
-        for (int l = 0; l < detail::kLanes; ++l) {
-          sum_g += acc_g[l];
-          sum_gx += acc_gx[l];
-        }
-        const A mean_g = sum_g / A(C), mean_gx = sum_gx / A(C);
-        for (int k = 0; k < C; ++k)
-          detail::add_to(dx[k], (A(w[k]) * A(g[k]) - mean_g - (A(x[k]) - m) * s * mean_gx) * s);
-      });
+  // dinp += rstd (w dout - mean(w dout) - xhat mean(w dout xhat)), row by row; wg = w dout
+  if (kernel_shape() == KernelShape::host) {
+    Kokkos::parallel_for(
+        "ptrain::layernorm_backward_input", N, KOKKOS_LAMBDA(int n) {
+          const T* x = inp.data() + std::size_t(n) * C;
+          const T* g = dout.data() + std::size_t(n) * C;
+          T* dx = dinp.data() + std::size_t(n) * C;
+          const A m = mean(n), s = rstd(n);
+          const A sum_g = detail::row_sum_of<A>(C, [&](int c) { return A(weight(c)) * A(g[c]); });
+          const A sum_gx = detail::row_sum_of<A>(
+              C, [&](int c) { return A(weight(c)) * A(g[c]) * (A(x[c]) - m) * s; });
+          const A mean_g = sum_g / A(C), mean_gx = sum_gx / A(C);
+          for (int c = 0; c < C; ++c)
+            detail::add_to(dx[c],
+                           (A(weight(c)) * A(g[c]) - mean_g - (A(x[c]) - m) * s * mean_gx) * s);
+        });
+  } else {
+    Kokkos::parallel_for(
+        "ptrain::layernorm_backward_input(teams)", detail::row_teams<A>(N),
+        KOKKOS_LAMBDA(const Team& team) {
+          const int n = team.league_rank();
+          const T* x = inp.data() + std::size_t(n) * C;
+          const T* g = dout.data() + std::size_t(n) * C;
+          T* dx = dinp.data() + std::size_t(n) * C;
+          A* const lanes = detail::lanes_of<A>(team);
+          const A m = mean(n), s = rstd(n);
+          const A sum_g = detail::team_lanes(
+              team, lanes, C, A(0), [&](int c) { return A(weight(c)) * A(g[c]); }, Plus{});
+          const A sum_gx = detail::team_lanes(
+              team, lanes, C, A(0),
+              [&](int c) { return A(weight(c)) * A(g[c]) * (A(x[c]) - m) * s; }, Plus{});
+          const A mean_g = sum_g / A(C), mean_gx = sum_gx / A(C);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) {
+            detail::add_to(dx[c],
+                           (A(weight(c)) * A(g[c]) - mean_g - (A(x[c]) - m) * s * mean_gx) * s);
+          });
+        });
+  }
   for_rows_per_column(
       "ptrain::layernorm_backward_params", N, C, KOKKOS_LAMBDA(int n, int c) {
         const std::size_t i = std::size_t(n) * C + c;

@@ -35,6 +35,25 @@ using OutVec = typename detail::NonDeduced<Kokkos::View<T*>>::type;
 // Token ids / targets / positions.
 using IntVec = Kokkos::View<const int*>;
 
+// A device build (CUDA, HIP, SYCL): tensors live in device memory and the kernels take their
+// GPU shapes; a CPU build takes the host shapes by default and can run the device ones.
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
+#define PTRAIN_DEVICE_BUILD 1
+#else
+#define PTRAIN_DEVICE_BUILD 0
+#endif
+
+// How the kernels with two shapes (attention, LayerNorm, cross-entropy) parallelise.
+// - host: a thread per row (or per block), its loop over columns vectorised;
+// - device: a team of threads per row (or per tile), its threads splitting the columns.
+// LayerNorm's and cross-entropy's two shapes sum in the same order (their row sums agree bit
+// for bit; elementwise results to the last place, as the compiler fuses multiply-adds);
+// attention's two kernels sum in different orders. A device build has only the device
+// shapes. Process-wide: backend%kernels sets it.
+enum class KernelShape { host, device };
+KernelShape kernel_shape();
+void set_kernel_shape(KernelShape shape);  // device builds refuse host (Error)
+
 // Elements [offset, offset + n) of v: a tensor inside a flat buffer.
 template <class T>
 Kokkos::View<T*> slice(const Kokkos::View<T*>& v, std::int64_t offset, std::int64_t n) {
