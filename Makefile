@@ -30,7 +30,7 @@ ifeq ($(ENABLE_CUDA),ON)
     CXX := $(KOKKOS_ROOT)/bin/nvcc_wrapper
   endif
   export PATH := $(CUDA_HOME)/bin:$(PATH)
-  CUDA_ARGS = -DCMAKE_CXX_FLAGS=-arch=sm_$(CUDA_ARCH) -DPTRAIN_BUILD_TESTS=OFF \
+  CUDA_ARGS = -DCMAKE_CXX_FLAGS=-arch=sm_$(CUDA_ARCH) \
               -DCUDAToolkit_ROOT=$(CUDA_HOME)
 endif
 

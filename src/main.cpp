@@ -15,6 +15,9 @@
 // "[rank N] error: ..." and aborts the job with MPI_Abort.
 #include <mpi.h>
 #include <unistd.h>
+#ifdef PTRAIN_ENABLE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
@@ -166,19 +169,57 @@ int threads_for(const Config& config, const Grid& grid) {
   return std::max(1, cores / std::max(1, ranks_here));
 }
 
+// This rank's GPU in a CUDA build (-1 in a CPU build): its rank among its node's ranks, round
+// robin over the GPUs it sees. Where CUDA_VISIBLE_DEVICES leaves each rank its own GPU (Slurm's
+// --gpus-per-task) that is device 0 for all, and distinct. Two ranks of a node on one GPU (by
+// PCI bus id) are refused, every rank alike, unless backend%share_gpus.
+int device_for(const Config& config, const Grid& grid) {
+#ifdef PTRAIN_ENABLE_CUDA
+  int gpus = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&gpus);
+  const int rank = mpi::rank(MPI_COMM_WORLD), mine = mpi::rank(grid.node_comm());
+  std::string error, bus;
+  if (rc != cudaSuccess || gpus == 0) {
+    error = cat("rank ", rank, ": no CUDA device is visible (", cudaGetErrorString(rc),
+                "); backend%device = 'cuda' needs one GPU a rank");
+  } else {
+    char id[32] = {};
+    if (cudaDeviceGetPCIBusId(id, int(sizeof id), mine % gpus) == cudaSuccess) bus = id;
+  }
+  const std::vector<std::string> buses = mpi::all_gather(grid.node_comm(), bus);
+  int sharing = 0;
+  for (const std::string& b : buses) sharing += !bus.empty() && b == bus;
+  if (error.empty() && sharing > 1 && !config.backend.share_gpus) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    error = cat(sharing, " ranks on ", host, " would share GPU ", bus, " (", buses.size(),
+                " ranks, ", gpus, " GPU(s) visible to rank ", rank,
+                "): start one rank per GPU, or set backend%share_gpus = .true. (tests)");
+  }
+  mpi::agree(MPI_COMM_WORLD, error, kExitInput);
+  return mine % gpus;
+#else
+  (void)config, (void)grid;
+  return -1;
+#endif
+}
+
 // Kokkos with `threads` host threads (an OpenMP or Threads backend takes them; Serial runs on
 // one) and Kokkos' own warnings off (its OpenMP backend warns on every rank when
 // OMP_PROC_BIND is unset). Kokkos 3.7 replaced InitArguments by InitializationSettings
 // (Kokkos 4 has only the latter): the one Kokkos version test in the code.
 struct KokkosScope {
-  explicit KokkosScope(int threads) {
+  KokkosScope(int threads, int device) {
 #if KOKKOS_VERSION >= 30700
-    Kokkos::initialize(
-        Kokkos::InitializationSettings().set_num_threads(threads).set_disable_warnings(true));
+    Kokkos::InitializationSettings settings;
+    settings.set_num_threads(threads).set_disable_warnings(true);
+    if (device >= 0) settings.set_device_id(device);
+    Kokkos::initialize(settings);
 #else
     Kokkos::InitArguments args;
     args.num_threads = threads;
     args.disable_warnings = true;
+    if (device >= 0) args.device_id = device;
     Kokkos::initialize(args);
 #endif
     device_guard::install();
@@ -215,7 +256,7 @@ double peak_gflops(const Config& config, int threads, bool bench) {
   if (config.backend.peak_gflops > 0) return config.backend.peak_gflops;
   const Precision probe = probe_precision(config);
   const double peak = kernels::measure_gemm_peak_gflops(bench ? 2.0 : 0.3, probe);
-  log::info(cat("peak: ", probe_name(probe), " probe (1024x768x3072, ", blas,
+  log::info(cat("peak: ", probe_name(probe), " probe (", kernels::gemm_probe_shape(), ", ", blas,
                 " BLAS thread(s) per rank) = ", fixed("%.1f", peak),
                 " GFLOP/s per rank; MFU is measured against it"));
   return peak;
@@ -373,7 +414,11 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
   parallel::check_supported(config);              // before Kokkos starts on a device
   const int threads = threads_for(config, grid);  // the deck and the node map decide them
-  KokkosScope kokkos(threads);
+  KokkosScope kokkos(threads, device_for(config, grid));
+  kernels::set_gemm_tf32(config.backend.tf32);
+  if (config.backend.kernels != "auto")
+    kernels::set_kernel_shape(config.backend.kernels == "device" ? kernels::KernelShape::device
+                                                                 : kernels::KernelShape::host);
   log::info(cat("ptrain ", PTRAIN_VERSION, ": ", config.run.name, " from ", config.deck_path,
                 " on ", world_size, " rank(s)"));
   log::info(grid.describe());

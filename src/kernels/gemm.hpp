@@ -80,12 +80,14 @@ std::string blas_name();
 // without OMP_WAIT_POLICY and 3.4-3.7 s without either.
 std::string blas_spin_warning(int kernel_threads, int blas_threads);
 
-// Achieved gemm rate (GFLOP/s) on this rank at the GPT-2 MLP shape M=1024, K=768,
-// N=3072 (C = A B^T as the linear layers call it), with operands of type `operands`
+// Achieved gemm rate (GFLOP/s) on this rank at gemm_probe_shape(): on CPUs the GPT-2 MLP
+// shape M=1024, K=768, N=3072, on a GPU 8192^3 (C = A B^T as the linear layers call it),
+// with operands of type `operands`
 // (sgemm for fp32; fp64 runs use it too; bf16 operands as gemm<bf16> computes them): mean
 // over repeated calls filling about `seconds` after one warm-up call. The model's MFU is
 // measured against the probe of its compute type.
 double measure_gemm_peak_gflops(double seconds = 0.5, Precision operands = Precision::fp32);
+std::string gemm_probe_shape();  // "MxKxN"
 
 // Bytes of workspace a gemm with bf16 operands allocates while it runs (its fp32 panels);
 // 0 for the other types, and in a CUDA build (cuBLAS takes bf16 operands as they are).

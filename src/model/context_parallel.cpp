@@ -8,6 +8,7 @@
 #include "util/error.hpp"
 #include "util/memory.hpp"
 #include "util/profile.hpp"
+#include "util/staging.hpp"
 
 namespace ptrain::model {
 
@@ -22,9 +23,7 @@ ContextParallel::ContextParallel(Comm* cp, std::int64_t seq_len, bool zigzag)
   if (!comm_) return;
   const std::vector<int> pos = sequence_positions(pieces());
   positions_ = Kokkos::View<int*>("ptrain::cp_positions", pos.size());
-  Kokkos::deep_copy(
-      positions_,
-      Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(pos.data(), pos.size()));
+  staging::from_host(positions_, pos.data(), pos.size());
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include "model/activations.hpp"
 #include "util/error.hpp"
 #include "util/profile.hpp"
+#include "util/staging.hpp"
 
 namespace ptrain::model {
 
@@ -301,11 +302,11 @@ double Stage<P>::forward(int slot, const MicroBatch& mb, bool for_backward) {
   Slot& s = slots_.at(std::size_t(slot));
   s.B = mb.B;
   const Ctx c(tp_, mb.B, S_, &cp_);
-  using Host = Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
   static_assert(sizeof(int) == sizeof(std::int32_t));
   if (layout_.has_embedding)
-    Kokkos::deep_copy(slice<int>(s.tokens, 0, c.BT), Host(mb.inputs, c.BT));
-  if (layout_.has_head) Kokkos::deep_copy(slice<int>(s.targets, 0, c.BT), Host(mb.targets, c.BT));
+    staging::from_host(slice<int>(s.tokens, 0, c.BT), mb.inputs, std::size_t(c.BT));
+  if (layout_.has_head)
+    staging::from_host(slice<int>(s.targets, 0, c.BT), mb.targets, std::size_t(c.BT));
   const Acts a = carve(slot, c);
   // tp partial sums before their reduction: the backward's scratch is free in a forward.
   const K::Vec<T> partial = slice(scratch_.view(), 0, c.BT * dims_.C);

@@ -55,19 +55,20 @@ std::vector<optim::Segment> decay_segments(const DataParallel<T>& dp) {
 }  // namespace
 
 void check_supported(const Config& c) {
-  auto no = [](bool asked, const char* what) {
-    if (asked) throw Error(cat(what, " is not implemented in this version of ptrain"), kExitInput);
-  };
   // What this build can run, not what the deck means: `--plan` plans a GPU deck anywhere.
+  // backend%device is 'cpu' or 'cuda' (the deck's choices).
 #ifdef PTRAIN_ENABLE_CUDA
-  // A CUDA Kokkos makes device memory the default, and the trainer still reads and writes its
-  // tensors on the host (BLAS gemm, MPI buffers, data, checkpoints): refuse, do not crash.
-  (void)c;
-  throw Error(
-      "this ptrain was built with -DPTRAIN_ENABLE_CUDA=ON, which plans (--plan) but "
-      "does not train yet: the GPU backend (device-resident tensors, cuBLAS gemm, NCCL "
-      "groups) is not implemented. Train with a CPU build",
-      kExitInput);
+  // A CUDA Kokkos puts every tensor on the GPU: this build trains there or not at all.
+  if (c.backend.device != "cuda")
+    throw Error(cat("backend%device = '", c.backend.device,
+                    "': this ptrain was built without the CPU backend (-DPTRAIN_ENABLE_CUDA=ON "
+                    "trains on GPUs only); set backend%device = 'cuda', or use a CPU build"),
+                kExitInput);
+  if (c.backend.kernels == "host")
+    throw Error(
+        "backend%kernels = 'host': this ptrain was built without the host kernel shapes "
+        "(-DPTRAIN_ENABLE_CUDA=ON); use 'auto' or 'device'",
+        kExitInput);
 #else
   if (c.backend.device == "cuda")
     throw Error(
@@ -75,7 +76,6 @@ void check_supported(const Config& c) {
         "-DPTRAIN_ENABLE_CUDA=ON)",
         kExitInput);
 #endif
-  no(c.backend.device != "cpu", "backend%device other than 'cpu'");
 }
 
 template <class P>
@@ -88,6 +88,8 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
       cp_(make_comm(grid.comm(GroupKind::cp), "cp")),
       ep_(make_comm(grid.comm(GroupKind::ep), "ep")),
       expert_grad_(make_comm(grid.comm(GroupKind::expert_grad), "expert-grad")),
+      stats_(make_comm(grid.cart(), "stats")),
+      stage_stats_(make_comm(grid.comm(GroupKind::pp), "stats")),
       data_(data::open_source(data::spec_from_config(config))),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
@@ -171,8 +173,7 @@ std::pair<double, double> Trainer<P>::loss_and_norm_squared(double loss_sum) {
   profile::region("grad-norm", [&] {
     for (auto& ch : chunks_) v[1] += ch.dp->owned_grad_sum_of_squares();
   });
-  mpi::check(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, grid_.cart()),
-             "trainer: MPI_Allreduce (loss and gradient norm)");
+  stats_->all_reduce_sum_now(v, 2);
   return {v[0], v[1]};
 }
 
@@ -199,9 +200,7 @@ void Trainer<P>::moe_summary(StepResult& r) {
       for (std::size_t e = 0; e < stats[l].load.size(); ++e) x[3 + e] += double(stats[l].load[e]);
     }
   }
-  mpi::check(
-      MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM, grid_.cart()),
-      "trainer: MPI_Allreduce (expert statistics)");
+  stats_->all_reduce_sum_now(v.data(), int(v.size()));
   double aux = 0, dropped = 0, choices = 0, lo = 0, hi = 0;
   bool first = true;
   for (std::int64_t l = 0; l < L; ++l) {
@@ -237,9 +236,9 @@ void Trainer<P>::measure_bubble(StepResult& r, double pp_wait_seconds) {
   const double ops = double(micro_batches_) * v;  // forwards (and backwards) on this rank
   double mine[2] = {r.t_forward / ops, r.t_backward / ops};
   std::vector<double> times(2 * std::size_t(stages));
-  mpi::check(
-      MPI_Allgather(mine, 2, MPI_DOUBLE, times.data(), 2, MPI_DOUBLE, grid_.comm(GroupKind::pp)),
-      "trainer: MPI_Allgather (stage times)");
+  stage_stats_
+      ->all_gather(mine, times.data(), std::vector<int>(std::size_t(stages), 2), Space::host)
+      .wait();
   std::vector<double> tf(std::size_t(stages), 0.0), tb(std::size_t(stages), 0.0);
   for (int k = 0; k < stages; ++k) {
     tf[std::size_t(k)] = times[2 * std::size_t(k)];
@@ -251,8 +250,7 @@ void Trainer<P>::measure_bubble(StepResult& r, double pp_wait_seconds) {
   double waiting = 0;
   for (double w : sim.waiting) waiting = std::max(waiting, w);
   double b[2] = {pp_wait_seconds / r.t_step, waiting / r.t_step};
-  mpi::check(MPI_Allreduce(MPI_IN_PLACE, b, 2, MPI_DOUBLE, MPI_MAX, grid_.cart()),
-             "trainer: MPI_Allreduce (pipeline bubble)");
+  stats_->all_reduce_max(b, 2, Space::host).wait();
   r.bubble = b[0];
   r.bubble_model = b[1];
 }
@@ -330,22 +328,25 @@ void Trainer<P>::skip_nonfinite(StepResult& r) {
     return;
   }
   // The first non-finite gradient in model order: chunk by global chunk, tensor by tensor.
-  struct {
-    int key, rank;
-  } first{std::numeric_limits<int>::max(), grid_.world_rank()};
+  int key = std::numeric_limits<int>::max();
   std::string name;
   for (std::size_t c = chunks_.size(); c-- > 0;) {
     const int i = chunks_[c].dp->first_nonfinite_grad();
     if (i < 0) continue;
     const int global = int(c) * grid_.size(Axis::p) + grid_.coord(Axis::p);
-    first.key = (global << 20) + i;
+    key = (global << 20) + i;
     name = chunks_[c].dp->layout().tensors[std::size_t(i)].name;
   }
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_2INT, MPI_MINLOC, grid_.cart());
-  name = mpi::broadcast(grid_.cart(), first.rank, name);
+  // The smallest key, and the lowest rank holding it (maxima of negatives).
+  int least[2] = {-key, 0};
+  stats_->all_reduce_max(least, 1, Space::host).wait();
+  least[1] = key == -least[0] ? -grid_.world_rank() : std::numeric_limits<int>::min();
+  stats_->all_reduce_max(least + 1, 1, Space::host).wait();
+  const int rank = -least[1];
+  name = mpi::broadcast(grid_.cart(), rank, name);
   const std::string where =
-      first.key < std::numeric_limits<int>::max()
-          ? cat("; the first non-finite gradient is ", name, " on rank ", first.rank)
+      -least[0] < std::numeric_limits<int>::max()
+          ? cat("; the first non-finite gradient is ", name, " on rank ", rank)
           : std::string("; every gradient is finite (the loss is not)");
   throw Error(cat("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, where,
                   skip ? cat(" (", config_.train.max_skips, " steps skipped in a row)")
@@ -387,8 +388,7 @@ double Trainer<P>::evaluate() {
   }
   pipeline_->take_compute_seconds();
   double v = grid_.coord(Axis::t) == 0 ? loss_sum : 0.0;
-  mpi::check(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, grid_.cart()),
-             "trainer: MPI_Allreduce (validation loss)");
+  stats_->all_reduce_sum_now(&v, 1);
   return v / double(n * S);
 }
 

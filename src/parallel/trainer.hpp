@@ -48,8 +48,8 @@ struct StepResult {
   std::vector<MoeLayer> moe_layers;
 };
 
-// The one place that refuses (Error, exit code 2, the same on every rank) what this version
-// cannot train yet: a device other than the CPU.
+// The one place that refuses (Error, exit code 2, the same on every rank) a backend%device
+// this build does not have: 'cuda' in a CPU build, 'cpu' in a CUDA build.
 void check_supported(const Config& config);
 
 template <class P>
@@ -95,6 +95,10 @@ class Trainer {
   // gradient reduction; the tp, pp, cp and ep groups; expert gradients (experts split over
   // ep); the tied embedding's two ends (the grid's embed group). All from make_comm.
   std::unique_ptr<Comm> dense_grad_, tp_, pp_, cp_, ep_, expert_grad_, ends_;
+  // The trainer's own reductions (loss, norm, expert statistics, validation, bubble, the
+  // first non-finite gradient) over every rank, and the stage times over the pipeline group:
+  // the "stats" row of the traffic table.
+  std::unique_ptr<Comm> stats_, stage_stats_;
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
   int micro_batches_ = 0;  // per step on this pipeline
