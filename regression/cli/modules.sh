@@ -19,9 +19,12 @@ build=$(dirname "$PTRAIN")
 [ -f "$build/cmake_install.cmake" ] || fail "$build is not a CMake build folder (PTRAIN=$PTRAIN)"
 prefix=$tmp/prefix
 
-# 1. The real install target, on this build folder.
+# 1. The real install target, on this build folder, with the build's own warning and guard
+# settings (the Makefile's defaults would reconfigure it and rebuild every file).
+cached() { sed -n "s/^$1:BOOL=//p" "$build/CMakeCache.txt"; }
 install() {  # PREFIX [MODULE_DEPS]
   make -s -C "$PTRAIN_SOURCE_DIR" install BUILD_DIR="$build" PREFIX="$1" MODULE_DEPS="${2:-}" \
+    WERROR="$(cached PTRAIN_WERROR)" DEVICE_GUARD="$(cached PTRAIN_DEVICE_GUARD)" \
     >"$tmp/install.log" 2>&1 || fail "make install: $(tail -5 "$tmp/install.log")"
 }
 install "$prefix"
