@@ -596,3 +596,40 @@ TEST(Fit, AFailedAllocationNamesRankCategoryLabelAndSize) {
   }
   EXPECT_EQ(memory::stats().current[int(MemCategory::activations)], 0u);
 }
+
+namespace {
+
+// The plan's line under a group's bytes: "intra-node X, inter-node Y (k of n ...)".
+std::string split_line(const std::string& report, const std::string& group) {
+  const std::size_t at = report.find("\n  " + group + " ", report.find("communication per step"));
+  if (at == std::string::npos) return "";
+  const std::size_t next = report.find('\n', at + 1);
+  const std::size_t end = report.find('\n', next + 1);
+  return report.substr(next + 1, end - next - 1);
+}
+
+}  // namespace
+
+// dp 4 over 2 nodes of 2: the flat ring 0-1-2-3-0 has 2 of its 4 links between nodes, so half
+// of each rank's bytes; tp 2 inside a node, none. One node: no split at all.
+TEST(Plan, CommunicationSplitsIntoIntraAndInterNodeBytes) {
+  const auto keys = gpt2_keys({"train%global_batch=16", "train%micro_batch=4"});
+  const Config dp4 = with_sets(keys, {"parallel%dp=4"}, 4);
+  const std::string two =
+      parallel::plan_report(dp4, Layout(GridShape::from_config(dp4), 4, 2), {0, 0});
+  const std::string line = split_line(two, "dense-grad");
+  EXPECT_NE(line.find("(2 of 4 ring links on another node)"), std::string::npos) << two;
+  const auto estimates = parallel::estimate_comm(dp4, parallel::plan_shard(dp4, 0, 0, 0));
+  double bytes = 0;
+  for (const auto& e : estimates)
+    if (e.group == GroupKind::dense_grad) bytes = e.bytes_per_step;
+  EXPECT_NE(line.find("inter-node " + format_bytes(bytes / 2)), std::string::npos) << line;
+  const Config tp2 = with_sets(keys, {"parallel%dp=2", "parallel%tp=2"}, 4);
+  const std::string r =
+      parallel::plan_report(tp2, Layout(GridShape::from_config(tp2), 4, 2), {0, 0});
+  EXPECT_NE(split_line(r, "tp").find("inter-node 0 B (0 of 2 ring links"), std::string::npos) << r;
+  EXPECT_NE(split_line(r, "dense-grad").find("(2 of 2 ring links"), std::string::npos) << r;
+  const std::string one =
+      parallel::plan_report(dp4, Layout(GridShape::from_config(dp4), 4, 4), {0, 0});
+  EXPECT_EQ(one.find("inter-node"), std::string::npos) << one;
+}

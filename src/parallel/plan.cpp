@@ -1069,19 +1069,56 @@ std::string fit_section(const Config& config, const Layout& layout, const Memory
   return r + "\n";
 }
 
-// Bytes each group moves per step, from rank 0's shard.
+// The share of a group's bytes that crosses nodes, for rank 0's instance of the group: an
+// all-to-all (ep) sends to every other member alike, so the share of members on another node;
+// the rest run as rings in group-rank order (collectives as MPI rings, the pipeline's and cp's
+// neighbours), so the share of ring links whose ends are on different nodes. MPI's own
+// algorithm may route differently; this is what a flat ring does.
+struct NodeSplit {
+  double inter_share = 0;
+  int crossing = 0, links = 0;  // ring links that cross nodes, of all
+};
+NodeSplit node_split(const Layout& layout, GroupKind g) {
+  const std::vector<int> m = layout.members(g, 0);
+  const int n = int(m.size());
+  NodeSplit s;
+  if (n <= 1) return s;
+  s.links = g == GroupKind::ep ? n - 1 : n;
+  for (int i = 0; i < n; ++i) {
+    const int a = g == GroupKind::ep ? m[0] : m[std::size_t(i)];
+    const int b = g == GroupKind::ep ? m[std::size_t(i)] : m[std::size_t((i + 1) % n)];
+    if (a != b) s.crossing += layout.node(a) != layout.node(b);
+  }
+  s.inter_share = double(s.crossing) / double(s.links);
+  return s;
+}
+
+// Bytes each group moves per step, from rank 0's shard, and how many of them cross nodes.
 std::string comm_section(const Config& config, const Layout& layout) {
   std::string r;
   auto line = [&](const std::string& s) { r += s + "\n"; };
   const model::Dims d = model::dims_of(config);
   const auto& par = config.parallel;
-  line("communication per step, sent by one rank (rank 0's shard):");
+  const bool nodes = layout.num_nodes() > 1;
+  line(cat("communication per step, sent by one rank (rank 0's shard)",
+           nodes ? "; split into intra- and inter-node bytes as a ring in group-rank order "
+                   "sends them, averaged over the group's ranks (all-to-all: over rank 0's "
+                   "peers)"
+                 : "",
+           ":"));
   for (const auto& c : estimate_comm(config, shard_of(config, 0, 0, 0))) {
     if (layout.group_size(c.group) <= 1 && c.bytes_per_step == 0) continue;
     char row[256];
     std::snprintf(row, sizeof row, "  %-12s %12s   %s", group_name(c.group),
                   format_bytes(c.bytes_per_step).c_str(), c.formula.c_str());
     line(row);
+    const NodeSplit split = node_split(layout, c.group);
+    if (nodes && split.links > 0)
+      line(cat("  ", std::string(12, ' '), " intra-node ",
+               format_bytes(c.bytes_per_step * (1 - split.inter_share)), ", inter-node ",
+               format_bytes(c.bytes_per_step * split.inter_share), " (", split.crossing, " of ",
+               split.links, c.group == GroupKind::ep ? " peers" : " ring links",
+               " on another node)"));
   }
   if (par.tp > 1) {
     // Per block and micro-batch: two all-reduces of (b, s, h) each way (with sequence

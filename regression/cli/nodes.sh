@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Two simulated nodes that are real hosts to MPI (regression/nodes/netns.sh: network namespaces
+# with their own host names, Open MPI over TCP on a bridge, the link shaped to 100 Mbit/s), two
+# ranks each:
+#  1. tp 2 inside each node, dp 2 across: the grid reports 2 nodes with tp intra-node, and the
+#     training equals the one-rank fp64 run within 1e-10 (loss, grad norm, validation loss);
+#  2. strict_topology refuses tp 4, which would cross the link (exit 2, one line);
+#  3. taking one node's link down mid-run ends the job within run%hang_timeout (plus the time
+#     to tear down), with the watchdog naming the group and the ranks that have not arrived.
+# Skips (one line) where network namespaces cannot be made (not root, no ip netns).
+source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
+nodes=$PTRAIN_SOURCE_DIR/regression/nodes/netns.sh
+if [ "$(id -u)" != 0 ] || ! ip netns add ptrnprobe 2>/dev/null; then
+  echo "SKIP: nodes: cannot make network namespaces here (needs root and ip netns)"; exit 0
+fi
+ip netns del ptrnprobe
+trap 'pkill -9 -f "$tmp" 2>/dev/null || true; "$nodes" down >/dev/null 2>&1; rm -rf "$tmp"' EXIT
+"$nodes" up 2 100mbit || fail "netns.sh up"
+deck=$PTRAIN_SOURCE_DIR/regression/cases/layouts_fp64/deck.nml
+steps=(--set run%steps=10 --set run%eval_every=5)
+
+# 1. One rank here, then tp 2 x dp 2 over the two nodes.
+"$PTRAIN" "$deck" "${steps[@]}" --set run%out_dir="'$tmp/one'" >"$tmp/one.log" 2>&1 ||
+  fail "one-rank run: $(tail -3 "$tmp/one.log")"
+timeout 300 "$nodes" run 2 -np 4 "$PTRAIN" "$deck" "${steps[@]}" --set parallel%tp=2 \
+  --set parallel%dp=2 --set run%out_dir="'$tmp/four'" >"$tmp/four.log" 2>&1 ||
+  fail "tp2 x dp2 over 2 nodes: $(tail -5 "$tmp/four.log")"
+grep -q "grid: 4 ranks .* 2 nodes, up to 2 ranks per node" "$tmp/four.log" ||
+  fail "the grid does not see 2 nodes: $(grep -m1 '^grid:' "$tmp/four.log")"
+grep -Eq "^  tp .* yes" "$tmp/four.log" || fail "tp is not intra-node: $(grep -A8 '^  group' "$tmp/four.log")"
+/usr/bin/python3 - "$tmp/one/log.csv" "$tmp/four/log.csv" <<'PY' || fail "4 ranks on 2 nodes differ from 1 rank"
+import csv, sys
+def cols(p):
+    rows = list(csv.DictReader(open(p)))
+    return {k: [r[k] for r in rows] for k in ("loss", "grad_norm", "val_loss")}
+a, b = cols(sys.argv[1]), cols(sys.argv[2])
+worst = 0.0
+for k in a:
+    for x, y in zip(a[k], b[k]):
+        if x == "" and y == "":
+            continue
+        x, y = float(x), float(y)
+        worst = max(worst, abs(x - y) / max(abs(x), 1e-300))
+print(f"nodes: tp2 x dp2 over 2 namespace nodes against one rank: largest relative difference {worst:.2e}")
+sys.exit(worst > 1e-10)
+PY
+
+# 2. tp across the link, refused with strict_topology.
+rc=0
+timeout 120 "$nodes" run 2 -np 4 "$PTRAIN" "$deck" --set parallel%tp=4 --set parallel%dp=1 \
+  --set parallel%strict_topology=.true. --set run%out_dir="'$tmp/strict'" >"$tmp/strict.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "tp 4 over 2 nodes with strict_topology: exit $rc, not 2: $(tail -3 "$tmp/strict.log")"
+grep -q "tp" "$tmp/strict.log" || fail "the refusal does not name tp: $(cat "$tmp/strict.log")"
+
+# 3. A node's link down mid-run: the watchdog on the other node ends the job.
+hang=6
+t0=$SECONDS
+timeout 240 "$nodes" run 2 -np 4 "$PTRAIN" "$deck" --set run%steps=100000 --set run%eval_every=0 \
+  --set parallel%tp=2 --set parallel%dp=2 --set run%hang_timeout=$hang \
+  --set run%out_dir="'$tmp/cut'" >"$tmp/cut.log" 2>&1 &
+job=$!
+for _ in $(seq 60); do grep -q "^step" "$tmp/cut.log" 2>/dev/null && break; sleep 1; done
+"$nodes" link ptrn1 down
+cut_at=$SECONDS
+rc=0
+wait "$job" || rc=$?
+took=$((SECONDS - cut_at))
+[ "$rc" != 0 ] || fail "the run went on after its link went down"
+[ "$rc" != 124 ] || fail "the job hung for 240 s after the link went down: $(tail -5 "$tmp/cut.log")"
+grep -q "have not arrived\|not arrived" "$tmp/cut.log" ||
+  fail "no watchdog report naming the missing ranks: $(tail -8 "$tmp/cut.log")"
+echo "nodes: link down after $((cut_at - t0)) s; the job ended $took s later (hang_timeout $hang s):"
+grep -m1 "not arrived" "$tmp/cut.log"
+echo "nodes: ok"
