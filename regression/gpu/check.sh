@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check: what only a GPU can show about a CUDA build, one line per check, in about
-# 8 minutes on one H200. Run it on a GPU machine from the repository root:
+# The GPU check: what only a GPU can show about a CUDA build, one line per check; sized for
+# under 8 minutes on one H200 (not yet run on one: no GPU has been at hand). Run it on a GPU
+# machine from the repository root:
 #
 #   regression/gpu/check.sh [BIN_DIR] [--no-bench]
 #
