@@ -24,6 +24,24 @@ int real_columns(const VocabShard& s) {
   return n < 0 ? 0 : (n > s.v_local ? s.v_local : n);
 }
 
+// One row's backward, before its logits x are overwritten: the row max m, dloss / sum of
+// exponentials, the target's column here (hit: it is a real column of this shard) and, for
+// bf16, the target's dloss (p - 1) in fp32.
+template <class A>
+struct GradRow {
+  A m, scale;
+  int col;
+  bool hit;
+  A target;
+};
+template <class T, class A>
+KOKKOS_INLINE_FUNCTION GradRow<A> grad_row(const T* x, A m, A sumexp, int col, int nreal, A dloss) {
+  const A scale = dloss / sumexp;
+  const bool hit = col >= 0 && col < nreal;
+  const A target = detail::kWidened<T> && hit ? detail::exp_(A(x[col]) - m) * scale - dloss : A(0);
+  return {m, scale, col, hit, target};
+}
+
 }  // namespace
 
 // Both shapes sum in the same order (detail::team_lanes): the row sums agree bit for bit.
@@ -120,13 +138,10 @@ void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
     Kokkos::parallel_for(
         "ptrain::crossentropy_backward", N, KOKKOS_LAMBDA(int n) {
           T* x = logits.data() + std::size_t(n) * V;
-          const A m = row_max(n), scale = dloss / sumexp(n);
-          const int col = targets(n) - v_begin;
-          const bool hit = col >= 0 && col < nreal;
-          const A target =
-              detail::kWidened<T> && hit ? detail::exp_(A(x[col]) - m) * scale - dloss : A(0);
-          for (int v = 0; v < nreal; ++v) x[v] = T(detail::exp_(A(x[v]) - m) * scale);
-          if (hit) x[col] = detail::kWidened<T> ? T(target) : T(A(x[col]) - dloss);
+          const GradRow<A> g =
+              grad_row(x, row_max(n), sumexp(n), targets(n) - v_begin, nreal, dloss);
+          for (int v = 0; v < nreal; ++v) x[v] = T(detail::exp_(A(x[v]) - g.m) * g.scale);
+          if (g.hit) x[g.col] = detail::kWidened<T> ? T(g.target) : T(A(x[g.col]) - dloss);
           for (int v = nreal; v < V; ++v) x[v] = T(0);
         });
     return;
@@ -136,18 +151,14 @@ void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
       KOKKOS_LAMBDA(const Team& team) {
         const int n = team.league_rank();
         T* x = logits.data() + std::size_t(n) * V;
-        const A m = row_max(n), scale = dloss / sumexp(n);
-        const int col = targets(n) - v_begin;
-        const bool hit = col >= 0 && col < nreal;
-        const A target =
-            detail::kWidened<T> && hit ? detail::exp_(A(x[col]) - m) * scale - dloss : A(0);
+        const GradRow<A> g = grad_row(x, row_max(n), sumexp(n), targets(n) - v_begin, nreal, dloss);
         team.team_barrier();  // every thread has read x[col]
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int v) {
-          x[v] = v < nreal ? T(detail::exp_(A(x[v]) - m) * scale) : T(0);
+          x[v] = v < nreal ? T(detail::exp_(A(x[v]) - g.m) * g.scale) : T(0);
         });
         team.team_barrier();
         Kokkos::single(Kokkos::PerTeam(team), [&] {
-          if (hit) x[col] = detail::kWidened<T> ? T(target) : T(A(x[col]) - dloss);
+          if (g.hit) x[g.col] = detail::kWidened<T> ? T(g.target) : T(A(x[g.col]) - dloss);
         });
       });
 }
