@@ -274,104 +274,158 @@ void device_attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CHeads<T> q,
   launch("ptrain::attention_forward(device)", B * NH * q_tiles, bq, cfg, L.elems * sizeof(A), body);
 }
 
-template <class T>
-void device_attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVec<T> out,
-                               CVec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v,
-                               int B, int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg,
-                               bool accumulate) {
-  using A = accumulate_t<T>;
-  const A scale = A(1) / std::sqrt(A(HS));
-  const A neg_inf = -std::numeric_limits<A>::infinity();
-  const bool causal = cfg.causal;
-  const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
+namespace {
 
-  // dK and dV: a team per (b, h, key tile), a thread per key row c, over the query rows that
-  // see it: p = exp(scale q.k_c - lse), dV_c += p dO, dS = scale p (dO.v_c - D), dK_c += dS q.
-  const KeyLayout KL = fit_tiles<KeyLayout, A>(Tq, Tk, HS, cfg);
-  const int k_tiles = (Tk + KL.bk - 1) / KL.bk;
-  const auto key_body = KOKKOS_LAMBDA(const Member& team) {
-    const TileOf t = tile_of(team, k_tiles, KL.bk, Tk, NH, HS);
-    const int b = t.b, h = t.h, j0 = t.first, nk = t.n, k_pos_first = k_pos0 + j0;
-    const std::size_t head = t.head;
+// One backward call's operands and constants, as its two launches read them.
+template <class T>
+struct Backward {
+  using A = accumulate_t<T>;
+  Heads<T> dq, dk, dv;
+  CVec<T> dout, out;
+  CVec<A> lse;
+  CHeads<T> q, k, v;
+  int B, Tq, Tk, NH, HS, q_pos0, k_pos0;
+  bool causal, accumulate;
+  A scale, neg_inf;
+};
+
+// For query row q_r and key k_c (rows in scratch): p = exp(scale q.k - lse) and
+// dS = scale p (dO.v - D), with the row's lse and D.
+template <class A>
+struct ScoreGrad {
+  A p, ds;
+};
+template <class A>
+KOKKOS_INLINE_FUNCTION ScoreGrad<A> score_grad(const A* qr, const A* kc, const A* dor, const A* vc,
+                                               A lse, A D, A scale, int HS) {
+  const A p = exp_(scale * dot(qr, kc, HS) - lse);
+  return {p, scale * p * (dot(dor, vc, HS) - D)};
+}
+
+// dK and dV: a team per (b, h, key tile), a thread per key row c, over the query rows that
+// see it: dV_c += p dO, dK_c += dS q.
+template <class T>
+void backward_keys(const Backward<T>& a, const AttentionConfig& cfg) {
+  using A = accumulate_t<T>;
+  const KeyLayout KL = fit_tiles<KeyLayout, A>(a.Tq, a.Tk, a.HS, cfg);
+  const int k_tiles = (a.Tk + KL.bk - 1) / KL.bk;
+  const auto body = KOKKOS_LAMBDA(const Member& team) {
+    const int Tq = a.Tq, Tk = a.Tk, HS = a.HS;
+    const TileOf t = tile_of(team, k_tiles, KL.bk, Tk, a.NH, HS);
+    const int j0 = t.first, nk = t.n, k_pos_first = a.k_pos0 + j0;
     A* const w = scratch<A>(team, KL.elems);
-    load_keys(team, w, KL, k, v, b, j0, nk, Tk, head, HS);
+    load_keys(team, w, KL, a.k, a.v, t.b, j0, nk, Tk, t.head, HS);
     zero_tile(team, w + KL.dk, KL.ld, nk, HS);
     zero_tile(team, w + KL.dv, KL.ld, nk, HS);
     for (int i0 = 0; i0 < Tq; i0 += KL.bq) {
       const int nq = i0 + KL.bq <= Tq ? KL.bq : Tq - i0;
-      const int q_pos_first = q_pos0 + i0;
-      if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) continue;
+      const int q_pos_first = a.q_pos0 + i0;
+      if (block_masked(a.causal, q_pos_first + nq - 1, k_pos_first)) continue;
       team.team_barrier();
-      load_queries(team, w, KL, q, dout, out, lse, b, h, i0, nq, Tq, NH, HS);
+      load_queries(team, w, KL, a.q, a.dout, a.out, a.lse, t.b, t.h, i0, nq, Tq, a.NH, HS);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
         const A* const kc = w + KL.k + std::size_t(c) * KL.ld;
         const A* const vc = w + KL.v + std::size_t(c) * KL.ld;
         A* const dkc = w + KL.dk + std::size_t(c) * KL.ld;
         A* const dvc = w + KL.dv + std::size_t(c) * KL.ld;
-        const int seen = causal ? k_pos_first + c - q_pos_first : 0;  // first row seeing c
+        const int seen = a.causal ? k_pos_first + c - q_pos_first : 0;  // first row seeing c
         for (int r = seen < 0 ? 0 : seen; r < nq; ++r) {
-          const A l = w[KL.lse + r];
-          if (l == neg_inf) continue;
+          if (w[KL.lse + r] == a.neg_inf) continue;
           const A* const qr = w + KL.q + std::size_t(r) * KL.ld;
           const A* const dor = w + KL.dout + std::size_t(r) * KL.ld;
-          const A p = exp_(scale * dot(qr, kc, HS) - l);
-          const A ds = scale * p * (dot(dor, vc, HS) - w[KL.D + r]);
+          const ScoreGrad<A> g =
+              score_grad(qr, kc, dor, vc, w[KL.lse + r], w[KL.D + r], a.scale, HS);
           for (int d = 0; d < HS; ++d) {
-            dvc[d] += p * dor[d];
-            dkc[d] += ds * qr[d];
+            dvc[d] += g.p * dor[d];
+            dkc[d] += g.ds * qr[d];
           }
         }
       });
     }
     team.team_barrier();
-    store_tile(team, dk.view.data() + dk.at(b, j0, Tk) + head, dk.ld, w + KL.dk, KL.ld, nk, HS,
-               accumulate);
-    store_tile(team, dv.view.data() + dv.at(b, j0, Tk) + head, dv.ld, w + KL.dv, KL.ld, nk, HS,
-               accumulate);
+    store_tile(team, a.dk.view.data() + a.dk.at(t.b, j0, Tk) + t.head, a.dk.ld, w + KL.dk, KL.ld,
+               nk, HS, a.accumulate);
+    store_tile(team, a.dv.view.data() + a.dv.at(t.b, j0, Tk) + t.head, a.dv.ld, w + KL.dv, KL.ld,
+               nk, HS, a.accumulate);
   };
-  launch("ptrain::attention_backward_dkdv(device)", B * NH * k_tiles, KL.bk, cfg,
-         KL.elems * sizeof(A), key_body);
+  launch("ptrain::attention_backward_dkdv(device)", a.B * a.NH * k_tiles, KL.bk, cfg,
+         KL.elems * sizeof(A), body);
+}
 
-  // dQ: a team per (b, h, query tile), a thread per query row r, over its visible keys:
-  // dQ_r += dS k with dS as above.
-  const QueryLayout QL = fit_tiles<QueryLayout, A>(Tq, Tk, HS, cfg);
-  const int q_tiles = (Tq + QL.bq - 1) / QL.bq;
-  const auto query_body = KOKKOS_LAMBDA(const Member& team) {
-    const TileOf t = tile_of(team, q_tiles, QL.bq, Tq, NH, HS);
-    const int b = t.b, h = t.h, i0 = t.first, nq = t.n, q_pos_first = q_pos0 + i0;
-    const std::size_t head = t.head;
+// dQ: a team per (b, h, query tile), a thread per query row r, over its visible keys:
+// dQ_r += dS k.
+template <class T>
+void backward_queries(const Backward<T>& a, const AttentionConfig& cfg) {
+  using A = accumulate_t<T>;
+  const QueryLayout QL = fit_tiles<QueryLayout, A>(a.Tq, a.Tk, a.HS, cfg);
+  const int q_tiles = (a.Tq + QL.bq - 1) / QL.bq;
+  const auto body = KOKKOS_LAMBDA(const Member& team) {
+    const int Tq = a.Tq, Tk = a.Tk, HS = a.HS;
+    const TileOf t = tile_of(team, q_tiles, QL.bq, Tq, a.NH, HS);
+    const int i0 = t.first, nq = t.n, q_pos_first = a.q_pos0 + i0;
     A* const w = scratch<A>(team, QL.elems);
-    load_queries(team, w, QL, q, dout, out, lse, b, h, i0, nq, Tq, NH, HS);
+    load_queries(team, w, QL, a.q, a.dout, a.out, a.lse, t.b, t.h, i0, nq, Tq, a.NH, HS);
     zero_tile(team, w + QL.dq, QL.ld, nq, HS);
     for (int j0 = 0; j0 < Tk; j0 += QL.bk) {
       const int nk = j0 + QL.bk <= Tk ? QL.bk : Tk - j0;
-      const int k_pos_first = k_pos0 + j0;
-      if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
+      const int k_pos_first = a.k_pos0 + j0;
+      if (block_masked(a.causal, q_pos_first + nq - 1, k_pos_first)) break;
       team.team_barrier();
-      load_keys(team, w, QL, k, v, b, j0, nk, Tk, head, HS);
+      load_keys(team, w, QL, a.k, a.v, t.b, j0, nk, Tk, t.head, HS);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
-        const A l = w[QL.lse + r];
-        if (l == neg_inf) return;
-        const int nv = visible_keys(causal, q_pos_first + r, k_pos_first, nk);
+        if (w[QL.lse + r] == a.neg_inf) return;
+        const int nv = visible_keys(a.causal, q_pos_first + r, k_pos_first, nk);
         const A* const qr = w + QL.q + std::size_t(r) * QL.ld;
         const A* const dor = w + QL.dout + std::size_t(r) * QL.ld;
         A* const dqr = w + QL.dq + std::size_t(r) * QL.ld;
         for (int c = 0; c < nv; ++c) {
           const A* const kc = w + QL.k + std::size_t(c) * QL.ld;
-          const A p = exp_(scale * dot(qr, kc, HS) - l);
-          const A ds = scale * p * (dot(dor, w + QL.v + std::size_t(c) * QL.ld, HS) - w[QL.D + r]);
-          for (int d = 0; d < HS; ++d) dqr[d] += ds * kc[d];
+          const ScoreGrad<A> g = score_grad(qr, kc, dor, w + QL.v + std::size_t(c) * QL.ld,
+                                            w[QL.lse + r], w[QL.D + r], a.scale, HS);
+          for (int d = 0; d < HS; ++d) dqr[d] += g.ds * kc[d];
         }
       });
     }
     team.team_barrier();
-    store_tile(team, dq.view.data() + dq.at(b, i0, Tq) + head, dq.ld, w + QL.dq, QL.ld, nq, HS,
-               accumulate);
+    store_tile(team, a.dq.view.data() + a.dq.at(t.b, i0, Tq) + t.head, a.dq.ld, w + QL.dq, QL.ld,
+               nq, HS, a.accumulate);
   };
-  launch("ptrain::attention_backward_dq(device)", B * NH * q_tiles, QL.bq, cfg,
-         QL.elems * sizeof(A), query_body);
+  launch("ptrain::attention_backward_dq(device)", a.B * a.NH * q_tiles, QL.bq, cfg,
+         QL.elems * sizeof(A), body);
+}
+
+}  // namespace
+
+template <class T>
+void device_attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout, CVec<T> out,
+                               CVec<accumulate_t<T>> lse, CHeads<T> q, CHeads<T> k, CHeads<T> v,
+                               int B, int Tq, int Tk, int NH, int HS, const AttentionConfig& cfg,
+                               bool accumulate) {
+  using A = accumulate_t<T>;
+  const Backward<T> a{dq,
+                      dk,
+                      dv,
+                      dout,
+                      out,
+                      lse,
+                      q,
+                      k,
+                      v,
+                      B,
+                      Tq,
+                      Tk,
+                      NH,
+                      HS,
+                      cfg.q_pos0,
+                      cfg.k_pos0,
+                      cfg.causal,
+                      accumulate,
+                      A(1) / std::sqrt(A(HS)),
+                      -std::numeric_limits<A>::infinity()};
+  backward_keys(a, cfg);
+  backward_queries(a, cfg);
 }
 
 #define PTRAIN_INSTANTIATE(T)                                                                      \
