@@ -99,6 +99,37 @@ std::int64_t piece_numel(const std::vector<SeqPiece>& pieces, std::int64_t B, in
   return n;
 }
 
+// Dense copies of this rank's pieces of out and dout (B, len, Cl) and of lse (B, NH, len), as
+// the kernel reads them, carved from w (out, dout per piece) and st (lse per piece).
+template <class T>
+struct PieceCopy {
+  K::Vec<T> out, dout;
+  K::Vec<accumulate_t<T>> lse;
+};
+template <class T>
+std::vector<PieceCopy<T>> piece_copies(const Ring& ring, const std::vector<SeqPiece>& mine,
+                                       K::CVec<T> out, K::CVec<T> dout,
+                                       K::CVec<accumulate_t<T>> lse, const K::Vec<T>& w,
+                                       const K::Vec<accumulate_t<T>>& st) {
+  using A = accumulate_t<T>;
+  const int B = ring.B, NH = ring.NH, Cl = ring.Cl, L = ring.L;
+  std::vector<PieceCopy<T>> copies;
+  std::int64_t at = 0, at_lse = 0;
+  for (const SeqPiece& p : mine) {
+    const std::int64_t n = std::int64_t(B) * p.len * Cl;
+    PieceCopy<T> c{slice(w, at, n), slice(w, at + n, n),
+                   slice(st, at_lse, std::int64_t(B) * NH * p.len)};
+    K::copy_strided<T>(c.out, Ring::dense(p, Cl), out, ring.in_rows(p, Cl), B, p.len, Cl);
+    K::copy_strided<T>(c.dout, Ring::dense(p, Cl), dout, ring.in_rows(p, Cl), B, p.len, Cl);
+    K::copy_strided<A>(c.lse, {0, std::size_t(p.len), 0}, lse,
+                       {std::size_t(p.local), std::size_t(L), 0}, B * NH, 1, p.len);
+    copies.push_back(c);
+    at += 2 * n;
+    at_lse += std::int64_t(B) * NH * p.len;
+  }
+  return copies;
+}
+
 }  // namespace
 
 template <class T>
@@ -196,24 +227,8 @@ void ring_attention_backward(const ContextParallel& cp, int B, int NH, int HS, K
   const K::Vec<T> blocks[2] = {slice(w, 0, kv), slice(w, kv, kv)};
   const K::Vec<T> sums[2] = {slice(w, 2 * kv, kv), slice(w, 3 * kv, kv)};
   const K::Vec<T> arriving = slice(w, 4 * kv, kv);
-  struct PieceCopy {
-    K::Vec<T> out, dout;
-    K::Vec<A> lse;
-  };
-  std::vector<PieceCopy> copies;
-  std::int64_t at = 5 * kv, at_lse = 0;
-  for (const SeqPiece& p : mine) {
-    const std::int64_t n = std::int64_t(B) * p.len * Cl;
-    PieceCopy c{slice(w, at, n), slice(w, at + n, n),
-                slice(st, at_lse, std::int64_t(B) * NH * p.len)};
-    K::copy_strided<T>(c.out, Ring::dense(p, Cl), out, ring.in_rows(p, Cl), B, p.len, Cl);
-    K::copy_strided<T>(c.dout, Ring::dense(p, Cl), dout, ring.in_rows(p, Cl), B, p.len, Cl);
-    K::copy_strided<A>(c.lse, {0, std::size_t(p.len), 0}, lse,
-                       {std::size_t(p.local), std::size_t(L), 0}, B * NH, 1, p.len);
-    copies.push_back(c);
-    at += 2 * n;
-    at_lse += std::int64_t(B) * NH * p.len;
-  }
+  const std::vector<PieceCopy<T>> copies =
+      piece_copies<T>(ring, mine, out, dout, lse, slice(w, 5 * kv, per_piece), st);
   profile::region("zero-fill", [&] { K::fill(dqkv, T(0)); });
   ring.pack_kv<T>(blocks[0], qkv);
 
