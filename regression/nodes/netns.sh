@@ -79,7 +79,7 @@ run() {
     --mca plm_rsh_agent "$state/agent.sh" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$net.0/24" --mca btl_tcp_if_include "$net.0/24" \
     --mca btl self,vader,tcp --mca btl_vader_single_copy_mechanism none \
-    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 \
+    --mca oob_tcp_keepalive_time 20 --mca oob_tcp_keepalive_intvl 2 \
     --mca oob_tcp_keepalive_probes 3 \
     -x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$@"
 }
