@@ -19,7 +19,7 @@
 # so an even split leaves the first stage waiting; PP_LAYERS (two counts, 1f1b) and
 # PP_LAYERS_V2 (four, interleaved: chunk c of stage s is number 2c+s+1) set
 # parallel%pp_layers, e.g. PP_LAYERS=9,3 PP_LAYERS_V2=4,2,5,1 for 124M shapes. The table also
-# gives bubble_model: the schedule simulated at each step's measured stage times.
+# gives bubble_model: the schedule simulated at each step's measured op times.
 repeats=${3:-2}
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 N_LAYER=${N_LAYER:-12} D_MODEL=${D_MODEL:-768} N_HEAD=${N_HEAD:-12} VOCAB=${VOCAB:-50304}

@@ -4,7 +4,7 @@
 #    checkpoint resumes at p 4 interleaved (v 2): the same losses as the uninterrupted
 #    one-rank run to 1e-10 (fp64);
 #  - the log line and log.csv report the measured bubble next to the theoretical one, and
-#    the measured one is within 20% of the schedule's at the measured stage times;
+#    the measured one is within 20% of the schedule's at the measured op times;
 #  - a deck whose micro-batches cannot be interleaved is refused before step 1 (exit 2).
 source "$(dirname "$0")/lib/prologue.sh"
 source "$(dirname "$0")/lib/compare.sh"
@@ -33,12 +33,12 @@ same_losses one_to_p4v2
 grep -q "restart: .*ckpt_00000006.h5 at step 6 (written on " "$tmp/p2t2_to_1.log" || fail "restart message: $(grep restart: "$tmp/p2t2_to_1.log")"
 
 # The bubble, measured and theoretical, in the log line and in log.csv.
-grep -qE "bubble [0-9.]+% \(schedule at these stage times [0-9.]+%, equal stages [0-9.]+%\)" "$tmp/one_to_p4v2.log" || fail "no bubble in the log line"
+grep -qE "bubble [0-9.]+% \(schedule at these op times [0-9.]+%, equal stages [0-9.]+%\)" "$tmp/one_to_p4v2.log" || fail "no bubble in the log line"
 head -1 "$tmp/one_to_p4v2/log.csv" | grep -q ",bubble,bubble_model,bubble_theory," || fail "no bubble columns in log.csv"
 theory=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "bubble_theory") c = i } NR == 2 { print $c }' "$tmp/one_to_p4v2/log.csv")
 [ "$theory" = 0.1579 ] || fail "theoretical bubble at p 4, v 2, m 8: $theory, expected 3/19 = 0.1579"
 
-# The measured bubble against the schedule's at the same stage times (the median of steps
+# The measured bubble against the schedule's at the same op times (the median of steps
 # 3-8): the executor adds little waiting of its own. Stages have an equal share of blocks
 # and a small vocabulary, so both are near the equal-stage figure (p-1)/(m+p-1), printed.
 # One core per stage: p 2 here; p 4 where the machine has 4 cores.
@@ -56,14 +56,14 @@ measured = statistics.median(float(r["bubble"]) for r in rows)
 model = statistics.median(float(r["bubble_model"]) for r in rows)
 theory = float(rows[0]["bubble_theory"])
 ok = abs(measured - model) <= 0.2 * model
-print(f"{sys.argv[2]}: measured bubble {measured:.4f}, schedule at the measured stage times "
+print(f"{sys.argv[2]}: measured bubble {measured:.4f}, schedule at the measured op times "
       f"{model:.4f}, equal stages {theory:.4f}: {'within' if ok else 'NOT within'} 20%")
 sys.exit(0 if ok else 1)
 PY
 }
 bubble_within() {  # NP SCHEDULE: up to three runs, for a machine that others share
   for attempt in 1 2 3; do bubble_check "$@" && return 0; done
-  fail "bubble at p $1, $2: three runs not within 20% of the schedule at the measured stage times"
+  fail "bubble at p $1, $2: three runs not within 20% of the schedule at the measured op times"
 }
 for schedule in gpipe 1f1b; do
   bubble_within 2 $schedule

@@ -204,6 +204,33 @@ TEST(Schedule, UnequalStagesAndWaitsBeforeTheLastOp) {
   EXPECT_DOUBLE_EQ(even.waiting[1], 1.0);
 }
 
+TEST(Schedule, EveryComputeItsOwnTime) {
+  // 1F1B, P = 2, m = 4, tf = 1, tb = 2. Each rank's list: rank 0 F0 F1 B0 F2 B1 F3 B2 B3,
+  // rank 1 F0 B0 F1 B1 F2 B2 F3 B3. With every op at its rank's time the replay is the one
+  // of per-rank times: rank 0 waits 2 before B0 and 1 before B3, (P-1)*(tf+tb) in all.
+  const auto lists = make_schedule(k1f1b, 2, 4, 1);
+  const std::vector<double> rank0 = {1, 1, 2, 1, 2, 1, 2, 2}, rank1 = {1, 2, 1, 2, 1, 2, 1, 2};
+  const ScheduleTiming same = simulate_schedule(lists, 2, 4, 1, {rank0, rank1});
+  const ScheduleTiming even = simulate_schedule(lists, 2, 4, 1, 1, 2);
+  EXPECT_DOUBLE_EQ(same.makespan, even.makespan);
+  EXPECT_DOUBLE_EQ(same.waiting[0], 3.0);
+  EXPECT_DOUBLE_EQ(same.waiting[1], 1.0);
+  // Rank 1's B1 (its fourth compute) takes 5: rank 0's B1 starts at 10, not 7, and the
+  // steady state after it shifts by 3 (B2 at 13 finds its gradient there; B3 waits 1).
+  std::vector<double> slow = rank1;
+  slow[3] = 5;
+  const ScheduleTiming t = simulate_schedule(lists, 2, 4, 1, {rank0, slow});
+  EXPECT_DOUBLE_EQ(t.waiting[0], 2.0 + 3.0 + 1.0);
+  EXPECT_DOUBLE_EQ(t.waiting[1], 1.0);
+  EXPECT_DOUBLE_EQ(t.makespan, 18.0);
+  EXPECT_DOUBLE_EQ(t.idle_fraction[0], (18.0 - 12.0) / 18.0);
+  // One time per compute of every rank's list, none negative.
+  EXPECT_THROW(simulate_schedule(lists, 2, 4, 1, {rank0, {1, 2}}), Error);
+  EXPECT_THROW(simulate_schedule(lists, 2, 4, 1, {rank0}), Error);
+  slow[0] = -1;
+  EXPECT_THROW(simulate_schedule(lists, 2, 4, 1, {rank0, slow}), Error);
+}
+
 TEST(Schedule, SwappingTwoNonBlockingOpsIsAllowed) {
   // Sends and receives never block, so their order among themselves is free: rank 1's
   // send_act of mb 0 after the recv_act of mb 1 is still a valid list.

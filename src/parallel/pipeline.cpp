@@ -169,6 +169,15 @@ std::pair<double, double> PipelineExecutor<P>::take_compute_seconds() {
 template <class P>
 double PipelineExecutor<P>::train(const MicroBatches& mbs, A dloss) {
   losses_.assign(std::size_t(mbs.count), 0.0);
+  op_seconds_.clear();
+  input_wait_s_ = 0;
+  double since = wall_seconds(), waited = pp_.stats().exposed_s;  // at the last compute's end
+  const auto compute_done = [&] {
+    const double now = wall_seconds(), waits = pp_.stats().exposed_s;
+    op_seconds_.push_back(std::max(0.0, (now - since) - (waits - waited)));
+    input_wait_s_ += waits - waited;
+    since = now, waited = waits;
+  };
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
     const int B = mbs.samples(op.mb);
@@ -181,6 +190,7 @@ double PipelineExecutor<P>::train(const MicroBatches& mbs, A dloss) {
         break;
       case OpKind::forward:
         forward(op.mb, op.chunk, mbs, true);
+        compute_done();
         break;
       case OpKind::send_act: {
         const int slot = slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)];
@@ -200,6 +210,7 @@ double PipelineExecutor<P>::train(const MicroBatches& mbs, A dloss) {
         trace_op(true, op.mb, op.chunk, int(chunks_.size()), t0);
         if (global(op.chunk) < last_global()) release_recv(true, op.mb, op.chunk);
         release_slot(op.chunk, op.mb);
+        compute_done();
         break;
       }
       case OpKind::send_grad:

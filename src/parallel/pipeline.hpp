@@ -51,6 +51,15 @@ class PipelineExecutor {
 
   // Seconds in forwards and in backwards (waits for messages excluded) since the last call.
   std::pair<double, double> take_compute_seconds();
+  // The last train()'s computes in list order (2*m*v): each one's wall time since the
+  // previous compute ended (the first: since train() began) less the waits on the pp group
+  // in it, so message copies and posts count with the compute they lead to. What the
+  // schedule simulator replays to model this step's bubble.
+  const std::vector<double>& compute_op_seconds() const { return op_seconds_; }
+  // The last train()'s waits on the pp group before its last compute ended: this rank's
+  // bubble. The waits after it (for its last sends to be taken) are not: the rank would
+  // otherwise wait for its peers in the step's next collective anyway.
+  double input_wait_seconds() const { return input_wait_s_; }
 
  private:
   struct Message {
@@ -83,6 +92,8 @@ class PipelineExecutor {
   std::vector<Message> sends_;
   std::vector<double> losses_;  // per micro-batch
   double t_forward_ = 0, t_backward_ = 0;
+  std::vector<double> op_seconds_;
+  double input_wait_s_ = 0;
 };
 
 }  // namespace ptrain::parallel

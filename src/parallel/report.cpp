@@ -199,9 +199,9 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
                     fixed("%.2f", r.moe_load_min), "-", fixed("%.2f", r.moe_load_max), " of mean")
               : std::string(),
           config_.parallel.pp > 1
-              ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble),
-                    " (schedule at these stage times ", fixed("%.1f%%", 100 * r.bubble_model),
-                    ", equal stages ", fixed("%.1f%%", 100 * bubble_theory_), ")")
+              ? cat(" | bubble ", fixed("%.1f%%", 100 * r.bubble), " (schedule at these op times ",
+                    fixed("%.1f%%", 100 * r.bubble_model), ", equal stages ",
+                    fixed("%.1f%%", 100 * bubble_theory_), ")")
               : std::string(),
           " | ETA ", format_duration(eta),
           r.skipped ? " | SKIPPED: not finite, update dropped (train%nonfinite)" : ""));

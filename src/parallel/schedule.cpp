@@ -296,7 +296,8 @@ std::vector<std::vector<int>> count_in_flight(const std::vector<OpList>& lists, 
 
 // The lists run as the executor runs them: each rank goes on while its next op can run;
 // a compute whose input comes from another rank waits until that rank has sent it.
-// Computes take t_forward / t_backward, messages nothing. Assumes the static checks pass.
+// Computes take their seconds[rank][k] (k counts computes along the list), messages
+// nothing. Assumes the static checks pass.
 struct Replay {
   std::vector<std::vector<double>> start;  // [rank][op]
   std::vector<std::size_t> next;           // per rank, the first op not run
@@ -310,14 +311,27 @@ int awaited_message(const Op& op, int g, const Shape& s) {
   return message_key(s, op.kind == OpKind::backward, op.mb, g);
 }
 
-// t_forward[r], t_backward[r]: one forward and one backward on rank r.
-Replay replay(const std::vector<OpList>& lists, const Shape& s,
-              const std::vector<double>& t_forward, const std::vector<double>& t_backward) {
+using ComputeSeconds = std::vector<std::vector<double>>;  // [rank][k-th compute of its list]
+
+// Every forward of rank r taking t_forward[r] and every backward t_backward[r].
+ComputeSeconds per_rank_seconds(const std::vector<OpList>& lists,
+                                const std::vector<double>& t_forward,
+                                const std::vector<double>& t_backward) {
+  ComputeSeconds out(lists.size());
+  for (std::size_t r = 0; r < lists.size(); ++r)
+    for (const Op& op : lists[r])
+      if (is_compute(op.kind))
+        out[r].push_back((op.kind == OpKind::forward ? t_forward : t_backward)[r]);
+  return out;
+}
+
+Replay replay(const std::vector<OpList>& lists, const Shape& s, const ComputeSeconds& seconds) {
   Replay rp;
   rp.next.assign(std::size_t(s.P), 0);
   for (const OpList& ops : lists) rp.start.emplace_back(ops.size(), 0.0);
   std::vector<double> clock(std::size_t(s.P), 0.0),
       sent_at(std::size_t(2 * s.m * s.stages()), -1.0);
+  std::vector<std::size_t> computes(std::size_t(s.P), 0);  // per rank, computes run
   for (bool progress = true; progress;) {
     progress = false;
     for (int r = 0; r < s.P; ++r) {
@@ -331,8 +345,7 @@ Replay replay(const std::vector<OpList>& lists, const Shape& s,
           now = std::max(now, sent_at[std::size_t(key)]);
         }
         rp.start[std::size_t(r)][i] = now;
-        if (is_compute(op.kind))
-          now += (op.kind == OpKind::forward ? t_forward : t_backward)[std::size_t(r)];
+        if (is_compute(op.kind)) now += seconds[std::size_t(r)][computes[std::size_t(r)]++];
         if (is_send(op.kind))
           sent_at[std::size_t(
               message_key(s, is_grad(op.kind), op.mb, neighbour_stage(op.kind, g)))] = now;
@@ -347,7 +360,7 @@ Replay replay(const std::vector<OpList>& lists, const Shape& s,
 
 std::string check_deadlock(const std::vector<OpList>& lists, const Shape& s) {
   const std::vector<double> unit(std::size_t(s.P), 1.0);
-  const Replay rp = replay(lists, s, unit, unit);
+  const Replay rp = replay(lists, s, per_rank_seconds(lists, unit, unit));
   std::string stuck;
   for (int r = 0; r < s.P; ++r) {
     const std::size_t i = rp.next[std::size_t(r)];
@@ -376,15 +389,20 @@ std::string checked_error(const std::vector<OpList>& lists, const Shape& s) {
 
 // The replay of lists that must pass the checker (simulate_schedule, format_schedule).
 Replay replay_checked(const char* who, const std::vector<OpList>& lists, const Shape& s,
-                      const std::vector<double>& t_forward, const std::vector<double>& t_backward) {
+                      const ComputeSeconds& seconds) {
   const std::string e = checked_error(lists, s);
   if (!e.empty()) throw Error(cat(who, ": ", e));
-  PTRAIN_REQUIRE(int(t_forward.size()) == s.P && int(t_backward.size()) == s.P, who,
-                 ": one forward and one backward time per rank are needed");
-  for (int r = 0; r < s.P; ++r)
-    PTRAIN_REQUIRE(t_forward[std::size_t(r)] >= 0 && t_backward[std::size_t(r)] >= 0, who,
-                   ": negative compute time on rank ", r);
-  return replay(lists, s, t_forward, t_backward);
+  PTRAIN_REQUIRE(int(seconds.size()) == s.P, who, ": compute times for ", seconds.size(),
+                 " ranks, not ", s.P);
+  for (int r = 0; r < s.P; ++r) {
+    const std::size_t computes = std::size_t(2 * s.m * s.v);  // after the check
+    PTRAIN_REQUIRE(seconds[std::size_t(r)].size() == computes, who, ": ",
+                   seconds[std::size_t(r)].size(), " compute times on rank ", r, ", not ",
+                   computes);
+    for (double t : seconds[std::size_t(r)])
+      PTRAIN_REQUIRE(t >= 0, who, ": negative compute time on rank ", r);
+  }
+  return replay(lists, s, seconds);
 }
 
 // ---- the picture ---------------------------------------------------------------------
@@ -459,21 +477,31 @@ ScheduleCheck check_schedule(const std::vector<OpList>& lists, int P, int m, int
 }
 
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
-                                 const std::vector<double>& t_forward,
-                                 const std::vector<double>& t_backward) {
+                                 const std::vector<std::vector<double>>& compute_seconds) {
   const Shape s{P, m, v};
-  const Replay rp = replay_checked("simulate_schedule", lists, s, t_forward, t_backward);
+  const Replay rp = replay_checked("simulate_schedule", lists, s, compute_seconds);
   ScheduleTiming timing;
   timing.makespan = rp.makespan;
-  // After the check every rank computes m*v forwards and m*v backwards.
   for (int r = 0; r < P; ++r) {
-    const double busy = m * v * (t_forward[std::size_t(r)] + t_backward[std::size_t(r)]);
+    double busy = 0;
+    for (double t : compute_seconds[std::size_t(r)]) busy += t;
     const double idle = rp.makespan > 0 ? (rp.makespan - busy) / rp.makespan : 0;
     timing.idle_fraction.push_back(idle);
     timing.waiting.push_back(rp.finish[std::size_t(r)] - busy);
     timing.bubble = std::max(timing.bubble, idle);
   }
   return timing;
+}
+
+ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
+                                 const std::vector<double>& t_forward,
+                                 const std::vector<double>& t_backward) {
+  // Checked first: per_rank_seconds needs one list per rank.
+  const std::string e = checked_error(lists, Shape{P, m, v});
+  if (!e.empty()) throw Error(cat("simulate_schedule: ", e));
+  PTRAIN_REQUIRE(int(t_forward.size()) == P && int(t_backward.size()) == P,
+                 "simulate_schedule: one forward and one backward time per rank are needed");
+  return simulate_schedule(lists, P, m, v, per_rank_seconds(lists, t_forward, t_backward));
 }
 
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
@@ -486,8 +514,8 @@ ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m,
 std::string format_schedule(const std::vector<OpList>& lists, int P, int m, int v, bool ops) {
   const Shape s{P, m, v};
   const Replay rp = replay_checked("format_schedule", lists, s,
-                                   std::vector<double>(std::size_t(std::max(P, 0)), 1.0),
-                                   std::vector<double>(std::size_t(std::max(P, 0)), 2.0));
+                                   per_rank_seconds(lists, std::vector<double>(lists.size(), 1.0),
+                                                    std::vector<double>(lists.size(), 2.0)));
   const std::size_t width = cat(m - 1, v > 1 ? cat(".", v - 1) : "").size() + 1;
   const std::size_t rank_width = std::to_string(P - 1).size();
   std::string out;

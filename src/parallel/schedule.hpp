@@ -76,10 +76,16 @@ struct ScheduleTiming {
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
                                  double t_forward = 1, double t_backward = 2);
 // The same with each rank's own times (t_forward[r], t_backward[r]): real stages are never
-// quite equal, and the run log compares its measured bubble with this one.
+// quite equal.
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
                                  const std::vector<double>& t_forward,
                                  const std::vector<double>& t_backward);
+// The same with every compute's own time: compute_seconds[r][k] for the k-th forward or
+// backward along rank r's list (2*m*v of them). The run log compares its measured bubble
+// with this one at the step's measured times, so that uneven ops (noise, a slow first
+// micro-batch) are in the model and what is left is the executor's own waiting.
+ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, int P, int m, int v,
+                                 const std::vector<std::vector<double>>& compute_seconds);
 
 // Text picture for `ptrain --plan`: one row per rank in simulated time (forward 1 cell,
 // backward 2), e.g. "rank 0 | F0 F1 F2 F3 .. .. B0 B0 ..": forward "F<mb>", backward

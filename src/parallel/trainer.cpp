@@ -227,29 +227,32 @@ void Trainer<P>::moe_summary(StepResult& r) {
   r.moe_load_min = lo, r.moe_load_max = hi;
 }
 
-// The measured bubble, and what the schedule gives with this step's forward and backward
-// times of every stage (stages are never quite equal: the embedding, the head, the cores),
-// both as the largest rank's waits for pipeline messages over the step time.
+// The measured bubble, and what the schedule gives with this step's measured time of every
+// forward and backward on every stage (stages are never quite equal, nor are the ops of
+// one stage on a shared machine), both as the largest rank's waits for pipeline messages
+// over the step time.
 template <class P>
-void Trainer<P>::measure_bubble(StepResult& r, double pp_wait_seconds) {
+void Trainer<P>::measure_bubble(StepResult& r) {
   const int stages = pp_->size(), v = chunks();
-  const double ops = double(micro_batches_) * v;  // forwards (and backwards) on this rank
-  double mine[2] = {r.t_forward / ops, r.t_backward / ops};
-  std::vector<double> times(2 * std::size_t(stages));
+  const std::vector<double>& mine = pipeline_->compute_op_seconds();
+  const int computes = 2 * micro_batches_ * v;  // on every rank
+  PTRAIN_REQUIRE(int(mine.size()) == computes, "pipeline: ", mine.size(),
+                 " compute times this step, expected ", computes);
+  std::vector<double> all(std::size_t(stages) * std::size_t(computes));
   stage_stats_
-      ->all_gather(mine, times.data(), std::vector<int>(std::size_t(stages), 2), Space::host)
+      ->all_gather(mine.data(), all.data(), std::vector<int>(std::size_t(stages), computes),
+                   Space::host)
       .wait();
-  std::vector<double> tf(std::size_t(stages), 0.0), tb(std::size_t(stages), 0.0);
-  for (int k = 0; k < stages; ++k) {
-    tf[std::size_t(k)] = times[2 * std::size_t(k)];
-    tb[std::size_t(k)] = times[2 * std::size_t(k) + 1];
-  }
-  const ScheduleTiming sim = simulate_schedule(schedule_, stages, micro_batches_, v, tf, tb);
-  // Waits before each rank's last op, as the executor measures them (a rank that finishes
-  // early spends the tail in the next collective, not on the pipeline group).
+  std::vector<std::vector<double>> seconds;
+  for (int k = 0; k < stages; ++k)
+    seconds.emplace_back(all.begin() + std::ptrdiff_t(k) * computes,
+                         all.begin() + std::ptrdiff_t(k + 1) * computes);
+  const ScheduleTiming sim = simulate_schedule(schedule_, stages, micro_batches_, v, seconds);
+  // Waits before each rank's last compute, as the executor measures them (a rank that
+  // finishes early spends the tail in the next collective).
   double waiting = 0;
   for (double w : sim.waiting) waiting = std::max(waiting, w);
-  double b[2] = {pp_wait_seconds / r.t_step, waiting / r.t_step};
+  double b[2] = {pipeline_->input_wait_seconds() / r.t_step, waiting / r.t_step};
   stats_->all_reduce_max(b, 2, Space::host).wait();
   r.bubble = b[0];
   r.bubble_model = b[1];
@@ -267,7 +270,6 @@ StepResult Trainer<P>::step(std::int64_t s) {
   if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
     std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
   for (auto& ch : chunks_) ch.dp->begin_step();
-  const double pp_wait = pp_->stats().exposed_s;
   const auto [first, count] = my_slice(config_.train.global_batch);
   MicroBatches mbs;
   mbs.count = int(count / mb);
@@ -312,7 +314,7 @@ StepResult Trainer<P>::step(std::int64_t s) {
   for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
-  if (pp_->size() > 1) measure_bubble(r, pp_->stats().exposed_s - pp_wait);
+  if (pp_->size() > 1) measure_bubble(r);
   return r;
 }
 

@@ -28,12 +28,12 @@ struct StepResult {
   // Traffic per group is read from the comm table around the step (parallel/report.hpp).
   double comm_overlap = 1;  // dense-grad bytes reduced before the end of the backward
   bool skipped = false;     // non-finite loss or norm, update dropped (train%nonfinite = 'skip')
-  // Pipeline: time waiting on pipeline neighbours (pp waits) over the step time, the
-  // largest of any rank; 0 without a pipeline.
+  // Pipeline: time waiting for pipeline neighbours' messages before the rank's last forward
+  // or backward ended, over the step time, the largest of any rank; 0 without a pipeline.
   double bubble = 0;
-  // The bubble the schedule has with each stage's measured forward and backward times (the
-  // largest rank's simulated waits for messages over the step time): what `bubble` should be
-  // when the executor adds nothing to the schedule.
+  // The bubble the schedule has with this step's measured time of every forward and
+  // backward on every rank (the largest rank's simulated waits over the step time): what
+  // `bubble` should be when the executor adds nothing to the schedule.
   double bubble_model = 0;
   // Mixture of experts (model%n_expert > 0): the load-balancing loss (in the objective, not
   // in `loss`), the share of token choices dropped at capacity, and the least and most
@@ -82,7 +82,7 @@ class Trainer {
   // positions of each, into the host buffers.
   model::MicroBatch fetch(data::Split split, std::int64_t step, std::int64_t first, int B);
   void finish_gradients();
-  void measure_bubble(StepResult& r, double pp_wait_seconds);
+  void measure_bubble(StepResult& r);
   void moe_summary(StepResult& r);
   // Loss sum and the squared gradient norm, summed over every rank at once.
   std::pair<double, double> loss_and_norm_squared(double loss_sum);
@@ -96,7 +96,7 @@ class Trainer {
   // ep); the tied embedding's two ends (the grid's embed group). All from make_comm.
   std::unique_ptr<Comm> dense_grad_, tp_, pp_, cp_, ep_, expert_grad_, ends_;
   // The trainer's own reductions (loss, norm, expert statistics, validation, bubble, the
-  // first non-finite gradient) over every rank, and the stage times over the pipeline group:
+  // first non-finite gradient) over every rank, and the op times over the pipeline group:
   // the "stats" row of the traffic table.
   std::unique_ptr<Comm> stats_, stage_stats_;
   std::vector<Chunk> chunks_;
