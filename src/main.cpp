@@ -281,6 +281,7 @@ void log_model_and_data(const Config& config, const parallel::Trainer<P>& traine
                 config.model.dtype, ", rank 0 holds ", held, " in ", trainer.chunks(),
                 trainer.chunks() == 1 ? " flat buffer" : " flat buffers (chunks)"));
   log::info(cat("data: ", trainer.data().describe()));
+  log::info(cat("comm: rank 0's groups: ", trainer.transports()));
   if (auto floor = trainer.data().entropy_floor())
     log::info(cat("data: entropy floor of the synthetic process = ", fixed("%.4f", *floor),
                   " nats/token (the best achievable loss)"));

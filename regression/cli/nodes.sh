@@ -4,6 +4,10 @@
 # ranks each:
 #  1. tp 2 inside each node, dp 2 across: the grid reports 2 nodes with tp intra-node, and the
 #     training equals the one-rank fp64 run within 1e-10 (loss, grad norm, validation loss);
+#     dp 4 with ZeRO 2 over both nodes: the dense-grad group reduces in two levels (the log
+#     says so, and log.csv has the levels' bytes, 2/3 and 1/3 of the flat ring's), trains as
+#     one rank does, and its checkpoint (shards owned in the two-level numbering) resumes on
+#     one rank with the same losses;
 #  2. strict_topology refuses tp 4, which would cross the link (exit 2, one line);
 #  3. taking one node's link down mid-run ends the job within run%hang_timeout (plus the time
 #     to tear down), with the watchdog naming the group and the ranks that have not arrived.
@@ -28,22 +32,45 @@ timeout 300 "$nodes" run 2 -np 4 "$PTRAIN" "$deck" "${steps[@]}" --set parallel%
 grep -q "grid: 4 ranks .* 2 nodes, up to 2 ranks per node" "$tmp/four.log" ||
   fail "the grid does not see 2 nodes: $(grep -m1 '^grid:' "$tmp/four.log")"
 grep -Eq "^  tp .* yes" "$tmp/four.log" || fail "tp is not intra-node: $(grep -A8 '^  group' "$tmp/four.log")"
-/usr/bin/python3 - "$tmp/one/log.csv" "$tmp/four/log.csv" <<'PY' || fail "4 ranks on 2 nodes differ from 1 rank"
+same_as_one() {  # RUN WHAT: RUN's losses, norms and validation losses are the one-rank run's
+  /usr/bin/python3 - "$tmp/one/log.csv" "$tmp/$1/log.csv" "$2" <<'PY' || fail "$2 differs from 1 rank"
 import csv, sys
-def cols(p):
-    rows = list(csv.DictReader(open(p)))
-    return {k: [r[k] for r in rows] for k in ("loss", "grad_norm", "val_loss")}
-a, b = cols(sys.argv[1]), cols(sys.argv[2])
+def steps(p):  # step -> its row
+    return {r["step"]: r for r in csv.DictReader(open(p))}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+if not b or not set(b) <= set(a):
+    sys.exit(f"steps {sorted(b)} are not among the one-rank run's")
 worst = 0.0
-for k in a:
-    for x, y in zip(a[k], b[k]):
+for s in b:
+    for k in ("loss", "grad_norm", "val_loss"):
+        x, y = a[s][k], b[s][k]
         if x == "" and y == "":
             continue
         x, y = float(x), float(y)
         worst = max(worst, abs(x - y) / max(abs(x), 1e-300))
-print(f"nodes: tp2 x dp2 over 2 namespace nodes against one rank: largest relative difference {worst:.2e}")
+print(f"nodes: {sys.argv[3]} against one rank, steps {min(b, key=int)}-{max(b, key=int)}: "
+      f"largest relative difference {worst:.2e}")
 sys.exit(worst > 1e-10)
 PY
+}
+same_as_one four "tp2 x dp2 over 2 namespace nodes"
+
+timeout 300 "$nodes" run 2 -np 4 "$PTRAIN" "$deck" "${steps[@]}" --set parallel%dp=4 \
+  --set parallel%zero=2 --set checkpoint%every=5 --set run%out_dir="'$tmp/dp4'" >"$tmp/dp4.log" 2>&1 ||
+  fail "dp4 ZeRO 2 over 2 nodes: $(tail -5 "$tmp/dp4.log")"
+grep -q "^comm: rank 0's groups: dense-grad hierarchical (2 nodes x 2 ranks, mpi)$" "$tmp/dp4.log" ||
+  fail "dp4 over 2 nodes does not reduce in two levels: $(grep '^comm:' "$tmp/dp4.log")"
+same_as_one dp4 "dp4 ZeRO 2 over 2 namespace nodes, two-level reduction"
+/usr/bin/python3 - "$tmp/dp4/log.csv" <<'PY' || fail "the levels' bytes are not 2/3 and 1/3 of the flat ring's"
+import csv, sys
+for r in list(csv.DictReader(open(sys.argv[1])))[1:]:
+    flat, intra, inter = (float(r[k]) for k in ("bytes_dense_grad", "bytes_dense_grad_intra", "bytes_dense_grad_inter"))
+    if abs(intra - flat * 2 / 3) > 1e-6 * flat or abs(inter - flat / 3) > 0.01 * flat:
+        sys.exit(f"step {r['step']}: flat {flat}, intra {intra}, inter {inter}")
+PY
+"$PTRAIN" "$deck" "${steps[@]}" --set checkpoint%restart="'$tmp/dp4/checkpoints/ckpt_00000005.h5'" \
+  --set run%out_dir="'$tmp/dp4_to_1'" >"$tmp/dp4_to_1.log" 2>&1 || fail "dp4 -> 1 rank: $(tail -3 "$tmp/dp4_to_1.log")"
+same_as_one dp4_to_1 "dp4 ZeRO 2 checkpoint at step 5 resumed on one rank"
 
 # 2. tp across the link, refused with strict_topology.
 rc=0

@@ -1,10 +1,12 @@
 // ptrain-test: np=1,2,4 labels=quick timeout=120
-// comm/: every operation of MpiComm on the world group, for every element type, against
-// values computed here rank by rank (integers, so every sum is exact in every type); and
-// the counters: bytes per operation by the formulas of comm/comm.hpp, exposed time, one
-// table row per kind of group shared by its Comms, size-1 groups not "used". Every operation
-// runs on the transport PTRAIN_TEST_TRANSPORT: direct MPI here, the staged transport (host
-// copies in and out around each operation) in test_comm_staged.cpp, which includes this file.
+// comm/, the conformance suite of every Comm implementation: every operation on the world
+// group, for every element type, against values computed here rank by rank (integers, so
+// every sum is exact in every type); and the counters: bytes per operation by the formulas
+// of comm/comm.hpp (the same whatever the implementation), exposed time, one table row per
+// kind of group shared by its Comms, size-1 groups not "used". Every operation runs on the
+// transport PTRAIN_TEST_TRANSPORT: direct MPI here, the staged transport (host copies in and
+// out around each operation) in test_comm_staged.cpp, which includes this file; and
+// test_comm_hierarchical*.cpp run it all on a HierarchicalComm (PTRAIN_TEST_HIERARCHICAL).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -30,6 +32,19 @@ using ptrain::test::world_rank;
 using ptrain::test::world_size;
 
 namespace {
+
+// The Comm under test over `comm`: an MpiComm, or with PTRAIN_TEST_HIERARCHICAL a
+// HierarchicalComm whose nodes are ranks {0, 1}, {2, 3} (so that at 4 ranks its numbering,
+// local-major, differs from the communicator's).
+std::unique_ptr<Comm> test_comm(MPI_Comm comm, const char* name) {
+#ifdef PTRAIN_TEST_HIERARCHICAL
+  int r = 0;
+  if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &r);
+  return std::make_unique<HierarchicalComm>(comm, name, r / 2, PTRAIN_TEST_TRANSPORT);
+#else
+  return std::make_unique<MpiComm>(comm, name, PTRAIN_TEST_TRANSPORT);
+#endif
+}
 
 // Element i of what rank r contributes: an integer in [-26, 26].
 double value(int r, std::size_t i) { return double((r * 37 + int(i) * 11) % 53) - 26; }
@@ -85,7 +100,8 @@ TYPED_TEST_SUITE(CommOps, ElementTypes);
 // bf16(float(a) + float(b)), exactly (fp32 addition commutes). Random values, so that most
 // sums round; a NaN on one rank stays NaN.
 TEST(CommBf16, TwoRanksSumInFp32AndRoundOnce) {
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
   if (c.size() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
   const std::size_t n = 4096;
   const test::HVec mine = test::random_vec(n, 11 + unsigned(c.rank()), -3, 3);
@@ -111,7 +127,8 @@ TEST(CommBf16, TwoRanksSumInFp32AndRoundOnce) {
 
 TYPED_TEST(CommOps, AllReduceSumAndMax) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
   const std::size_t n = 37;
   std::vector<T> sum(n), max(n);
   for (std::size_t i = 0; i < n; ++i) sum[i] = max[i] = T(value(c.rank(), i));
@@ -132,7 +149,8 @@ TYPED_TEST(CommOps, AllReduceSumAndMax) {
 
 TYPED_TEST(CommOps, ReduceScatterUnevenAndZeroCounts) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
   const int me = c.rank();
   for (bool reversed : {false, true}) {
     const std::vector<int> counts = uneven_counts(c.size(), reversed);
@@ -153,7 +171,8 @@ TYPED_TEST(CommOps, ReduceScatterUnevenAndZeroCounts) {
 
 TYPED_TEST(CommOps, AllGatherInPlaceAndNot) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
   const int me = c.rank();
   for (bool reversed : {false, true})
     for (bool in_place : {false, true}) {
@@ -176,7 +195,8 @@ TYPED_TEST(CommOps, AllGatherInPlaceAndNot) {
 // tag although the sends come in the other order.
 TYPED_TEST(CommOps, SendRecvRingMatchedByTag) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
   const int D = c.size(), me = c.rank(), left = (me + D - 1) % D, right = (me + 1) % D;
   const std::size_t n7 = 11, n8 = 4;
   std::vector<T> in7(n7 + 1, T(kSentinel)), in8(n8 + 1, T(kSentinel)), out7(n7), out8(n8);
@@ -193,7 +213,8 @@ TYPED_TEST(CommOps, SendRecvRingMatchedByTag) {
 
 TYPED_TEST(CommOps, AllToAll) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
   const std::size_t D = std::size_t(c.size()), n = 5;
   std::vector<T> send(D * n), recv(D * n + 1, T(kSentinel));
   for (std::size_t d = 0; d < D; ++d)
@@ -205,7 +226,8 @@ TYPED_TEST(CommOps, AllToAll) {
 
 TYPED_TEST(CommOps, AllToAllvUnevenAndZeroCounts) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
   const int D = c.size(), me = c.rank();
   auto sends = [](int from, int to) { return (from + 2 * to) % 3; };  // 0, 1 or 2 elements
   std::vector<int> send_counts(static_cast<std::size_t>(D)), recv_counts(send_counts);
@@ -223,7 +245,8 @@ TYPED_TEST(CommOps, AllToAllvUnevenAndZeroCounts) {
 // What each call adds to the Comm's bytes, against the formulas in comm/comm.hpp.
 TYPED_TEST(CommOps, BytesPerOperationAreTheFormulas) {
   using T = TypeParam;
-  MpiComm c(MPI_COMM_WORLD, "test-bytes", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-bytes");
+  Comm& c = *c_owner;
   const int me = c.rank();
   const double D = c.size(), w = sizeof(T);
   const auto calls0 = c.stats().calls;
@@ -273,8 +296,9 @@ TEST(CommTable, RowsStartWithTheGridGroupsInOrder) {
 
 TEST(CommTable, CommsOfOneKindShareARow) {
   const auto before = traffic_by_group();
-  MpiComm a(MPI_COMM_WORLD, "test-shared", PTRAIN_TEST_TRANSPORT),
-      b(MPI_COMM_WORLD, "test-shared", PTRAIN_TEST_TRANSPORT);
+  const auto a_owner = test_comm(MPI_COMM_WORLD, "test-shared");
+  const auto b_owner = test_comm(MPI_COMM_WORLD, "test-shared");
+  Comm &a = *a_owner, &b = *b_owner;
   std::vector<double> x(20, 1.0);
   a.all_reduce_sum(x.data(), 20).wait();
   b.all_reduce_sum(x.data(), 7).wait();
@@ -298,7 +322,8 @@ TEST(CommTable, CommsOfOneKindShareARow) {
 }
 
 TEST(CommTable, SizeOneGroupsAreNotUsed) {
-  MpiComm self(MPI_COMM_SELF, "test-self", PTRAIN_TEST_TRANSPORT);
+  const auto self_owner = test_comm(MPI_COMM_SELF, "test-self");
+  Comm& self = *self_owner;
   double x[4] = {1, 2, 3, 4};
   self.all_reduce_sum(x, 4).wait();
   EXPECT_EQ(x[3], 4);
@@ -308,33 +333,35 @@ TEST(CommTable, SizeOneGroupsAreNotUsed) {
   EXPECT_EQ(t.stats.bytes, 0);
   EXPECT_EQ(t.stats.calls, 1);
   // Once a Comm of a kind spans ranks, the kind is used.
-  MpiComm world(MPI_COMM_WORLD, "test-self", PTRAIN_TEST_TRANSPORT);
+  const auto world = test_comm(MPI_COMM_WORLD, "test-self");
   EXPECT_EQ(row(traffic_by_group(), "test-self").used, world_size() > 1);
 }
 
 // Time blocked in a wait (or in all_reduce_sum_now) is exposed time, of the Comm and its row.
 TEST(CommTable, WaitsCountAsExposedTime) {
   if (world_size() == 1) GTEST_SKIP() << "needs a second rank to wait for";
-  MpiComm c(MPI_COMM_WORLD, "test-exposed", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-exposed");
+  Comm& c = *c_owner;
   double x = 1;
-  if (world_rank() == 0) {
+  if (c.rank() == 0) {
     usleep(60000);
     c.send(&x, 1, 1, 3).wait();
-  } else if (world_rank() == 1) {
+  } else if (c.rank() == 1) {
     c.recv(&x, 1, 0, 3).wait();
     EXPECT_GE(c.stats().exposed_s, 0.05);
   }
   const double before = c.stats().exposed_s;
-  if (world_rank() == 0) usleep(60000);
+  if (c.rank() == 0) usleep(60000);
   c.all_reduce_sum_now(&x, 1);
-  if (world_rank() != 0) {
+  if (c.rank() != 0) {
     EXPECT_GE(c.stats().exposed_s - before, 0.05);
   }
   EXPECT_DOUBLE_EQ(row(traffic_by_group(), "test-exposed").stats.exposed_s, c.stats().exposed_s);
 }
 
 TEST(CommErrors, BadArgumentsAreRefusedBeforeMpi) {
-  MpiComm c(MPI_COMM_WORLD, "test-errors", PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-errors");
+  Comm& c = *c_owner;
   std::vector<double> x(8);
   EXPECT_THROW(c.all_gather(x.data(), x.data(), std::vector<int>(std::size_t(c.size()) + 1, 1)),
                Error);
@@ -342,14 +369,22 @@ TEST(CommErrors, BadArgumentsAreRefusedBeforeMpi) {
       c.reduce_scatter_sum(x.data(), x.data(), std::vector<int>(std::size_t(c.size()), -1)), Error);
   EXPECT_THROW(c.send(x.data(), 1, c.size(), 0), Error);
   EXPECT_THROW(c.recv(x.data(), 1, -1, 0), Error);
-  EXPECT_THROW(MpiComm(MPI_COMM_NULL, "pp"), Error);
+  EXPECT_THROW(test_comm(MPI_COMM_NULL, "pp"), Error);
 }
 
 }  // namespace
 
 TEST(CommTransport, TheTransportAskedForIsTheOneUsed) {
-  MpiComm c(MPI_COMM_WORLD, "test-ops", PTRAIN_TEST_TRANSPORT);
-  EXPECT_EQ(c.transport(), PTRAIN_TEST_TRANSPORT);
+  const auto c_owner = test_comm(MPI_COMM_WORLD, "test-ops");
+  Comm& c = *c_owner;
+  const std::string transport = to_string(PTRAIN_TEST_TRANSPORT);
+#ifdef PTRAIN_TEST_HIERARCHICAL
+  const int L = std::min(world_size(), 2);
+  EXPECT_EQ(c.describe(),
+            cat("hierarchical (", world_size() / L, " nodes x ", L, " ranks, ", transport, ")"));
+#else
+  EXPECT_EQ(c.describe(), transport);
+#endif
   // On a CPU build tensor memory is host memory: MPI reaches it directly.
   EXPECT_EQ(default_transport(), Transport::mpi);
   EXPECT_STREQ(to_string(Transport::staged_mpi), "staged-mpi");

@@ -38,6 +38,8 @@ Config config_for(int world, std::map<std::string, std::string> extra) {
 
 struct RunRecord {
   std::vector<double> loss, norm, bytes, tp_bytes, weights;
+  std::vector<double> intra_bytes, inter_bytes;  // a hierarchical dense-grad group's levels
+  std::string transports;
   double val_loss = 0;  // after the last step: evaluation sees the updated parameters
   std::vector<std::array<std::size_t, 6>> memory;
 };
@@ -72,12 +74,21 @@ std::vector<double> global_weights(const Config& c, const model::ChunkLayout& lo
   return sum;
 }
 
+// The bytes of table row `group` in `traffic` (0 when there is no such row).
+double row_bytes(const std::vector<GroupTraffic>& traffic, const std::string& group) {
+  for (const GroupTraffic& t : traffic)
+    if (t.group == group) return t.stats.bytes;
+  return 0;
+}
+
+// ranks_per_node > 0: the grid's nodes are simulated, that many ranks each.
 template <class T>
-RunRecord train(const Config& c, MPI_Comm comm) {
-  Grid grid(comm, GridShape::from_config(c), false);
+RunRecord train(const Config& c, MPI_Comm comm, int ranks_per_node = 0) {
+  Grid grid(comm, GridShape::from_config(c), false, ranks_per_node);
   RunRecord run;
   {
     parallel::Trainer<Uniform<T>> trainer(c, grid);
+    run.transports = trainer.transports();
     trainer.data_parallel().init_weights(std::uint64_t(c.run.seed));
     for (std::int64_t s = 1; s <= c.run.steps; ++s) {
       const auto before = traffic_by_group();
@@ -87,6 +98,8 @@ RunRecord train(const Config& c, MPI_Comm comm) {
       run.norm.push_back(r.grad_norm);
       run.bytes.push_back(traffic[std::size_t(GroupKind::dense_grad)].stats.bytes);
       run.tp_bytes.push_back(traffic[std::size_t(GroupKind::tp)].stats.bytes);
+      run.intra_bytes.push_back(row_bytes(traffic, "dense-grad-intra"));
+      run.inter_bytes.push_back(row_bytes(traffic, "dense-grad-inter"));
     }
     run.val_loss = trainer.evaluate();
     // The masters this rank updates, at their flat places (NaN elsewhere: held by others).
@@ -226,6 +239,49 @@ TEST(DataParallel, BytesPerStepAreTheRingFormulas) {
         // embedding (kept for the tied head) once per step
         m * ring * N * w + m * ring * 2 * (N - emb) * w + ring * emb * w};
     for (double b : r.bytes) EXPECT_DOUBLE_EQ(b, expect[z]) << "ZeRO " << z;
+  }
+}
+
+// Over 2 simulated nodes of 2 ranks the dense-grad group reduces in two levels: every ZeRO
+// stage trains as the flat reduction does (fp64, 1e-12), and each level carries its formula:
+// per all-reduce of n, 2(L-1)/L n inside the nodes and 2(N-1)/N n/L across; per
+// reduce-scatter or all-gather of n, (L-1)/L n inside and (N-1)/N of the local index's chunk
+// (n/L here, the shards being even up to one element) across.
+TEST(DataParallel, HierarchicalReductionMatchesTheFlatOne) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 2 nodes of 2 ranks";
+  for (int z = 0; z <= 3; ++z) {
+    SCOPED_TRACE(testing::Message() << "ZeRO " << z);
+    const Config flat =
+        config_for(4, {{"parallel%zero", std::to_string(z)}, {"backend%comm", "'mpi'"}});
+    const Config two_levels = config_for(4, {{"parallel%zero", std::to_string(z)}});
+    const RunRecord a = train<double>(flat, MPI_COMM_WORLD, 2);
+    const RunRecord b = train<double>(two_levels, MPI_COMM_WORLD, 2);
+    EXPECT_EQ(a.transports, "dense-grad mpi");
+    EXPECT_EQ(b.transports, "dense-grad hierarchical (2 nodes x 2 ranks, mpi)");
+    for (std::size_t s = 0; s < a.loss.size(); ++s) {
+      EXPECT_LT(rel(b.loss[s], a.loss[s]), 1e-12) << "loss, step " << s + 1;
+      EXPECT_LT(rel(b.norm[s], a.norm[s]), 1e-12) << "grad norm, step " << s + 1;
+      EXPECT_DOUBLE_EQ(b.bytes[s], a.bytes[s]) << "the group's own row counts the same";
+      EXPECT_EQ(a.intra_bytes[s] + a.inter_bytes[s], 0);
+    }
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < a.weights.size(); ++i) {
+      num += (b.weights[i] - a.weights[i]) * (b.weights[i] - a.weights[i]);
+      den += a.weights[i] * a.weights[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-12) << "final weights";
+    // Per call of n elements the flat ring counts (D-1)/D n per rank (twice for an
+    // all-reduce) and the node level (L-1)/L n: 2/3 of it, on every rank. Across the nodes a
+    // rank carries (N-1)/N of its local index's chunk, uneven between ranks when ZeRO 3's
+    // windows are; over all ranks the chunks add up to N n, so the inter-node bytes of the
+    // whole group are (N-1)/(D-1) = 1/3 of the flat ones.
+    for (std::size_t s = 0; s < b.loss.size(); ++s) {
+      EXPECT_NEAR(b.intra_bytes[s], b.bytes[s] * 2 / 3, 1e-9 * b.bytes[s])
+          << "inside the nodes, step " << s + 1;
+      double sums[2] = {b.inter_bytes[s], b.bytes[s]};
+      MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      EXPECT_NEAR(sums[0], sums[1] / 3, 1e-9 * sums[1]) << "across the nodes, step " << s + 1;
+    }
   }
 }
 

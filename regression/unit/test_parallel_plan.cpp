@@ -617,13 +617,22 @@ TEST(Plan, CommunicationSplitsIntoIntraAndInterNodeBytes) {
   const Config dp4 = with_sets(keys, {"parallel%dp=4"}, 4);
   const std::string two =
       parallel::plan_report(dp4, Layout(GridShape::from_config(dp4), 4, 2), {0, 0});
-  const std::string line = split_line(two, "dense-grad");
-  EXPECT_NE(line.find("(2 of 4 ring links on another node)"), std::string::npos) << two;
   const auto estimates = parallel::estimate_comm(dp4, parallel::plan_shard(dp4, 0, 0, 0));
   double bytes = 0;
   for (const auto& e : estimates)
     if (e.group == GroupKind::dense_grad) bytes = e.bytes_per_step;
-  EXPECT_NE(line.find("inter-node " + format_bytes(bytes / 2)), std::string::npos) << line;
+  // dp 4 over 2 nodes of 2 reduces in two levels: (N-1)/(D-1) = 1/3 of the bytes cross.
+  const std::string line = split_line(two, "dense-grad");
+  EXPECT_NE(line.find("(two levels: inside 2 nodes of 2, then across them"), std::string::npos)
+      << two;
+  EXPECT_NE(line.find("inter-node " + format_bytes(bytes / 3)), std::string::npos) << line;
+  // As one ring (backend%comm = 'mpi'), half of the ring's links cross.
+  const Config flat = with_sets(keys, {"parallel%dp=4", "backend%comm='mpi'"}, 4);
+  const std::string ring =
+      split_line(parallel::plan_report(flat, Layout(GridShape::from_config(flat), 4, 2), {0, 0}),
+                 "dense-grad");
+  EXPECT_NE(ring.find("(2 of 4 ring links on another node)"), std::string::npos) << ring;
+  EXPECT_NE(ring.find("inter-node " + format_bytes(bytes / 2)), std::string::npos) << ring;
   const Config tp2 = with_sets(keys, {"parallel%dp=2", "parallel%tp=2"}, 4);
   const std::string r =
       parallel::plan_report(tp2, Layout(GridShape::from_config(tp2), 4, 2), {0, 0});

@@ -5,11 +5,11 @@
 #include <deque>
 #include <numeric>
 
+#include "comm/buffer_pool.hpp"
 #include "comm/watchdog.hpp"
 #include "grid/layout.hpp"
 #include "util/device_guard.hpp"
 #include "util/error.hpp"
-#include "util/memory.hpp"
 #include "util/mpi.hpp"
 #include "util/timer.hpp"
 #include "util/trace.hpp"
@@ -162,6 +162,20 @@ Request Comm::started(Started pending) {
 
 const char* to_string(Transport t) { return t == Transport::mpi ? "mpi" : "staged-mpi"; }
 
+std::size_t size_of(DType t) {
+  switch (t) {
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::bf16:
+      return 2;
+  }
+  throw Error("comm: unknown element type");
+}
+
 // --- MPI ------------------------------------------------------------------------------------
 
 namespace {
@@ -216,12 +230,6 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_INT64_T;
   }
   throw Error("comm: unknown element type");
-}
-
-std::size_t type_size(DType t) {
-  int s = 0;
-  MPI_Type_size(mpi_type(t), &s);
-  return std::size_t(s);
 }
 
 // MPI counts are int.
@@ -305,46 +313,13 @@ bool Request::test() {
   return true;
 }
 
-// Host buffers for staged transfers: reused across operations, grown when an operation needs
-// more than any free one has. In a CUDA build they are pinned (page-locked), so the copies
-// run at the link's speed.
-class MpiComm::Staging {
- public:
+// Host buffers for staged transfers, reused. In a CUDA build they are pinned (page-locked),
+// so the copies run at the link's speed.
 #if defined(KOKKOS_ENABLE_CUDA)
-  using Memory = Kokkos::CudaHostPinnedSpace;
+class MpiComm::Staging : public comm_detail::BufferPool<Kokkos::CudaHostPinnedSpace> {};
 #else
-  using Memory = Kokkos::HostSpace;
+class MpiComm::Staging : public comm_detail::BufferPool<Kokkos::HostSpace> {};
 #endif
-  using Buffer = Kokkos::View<char*, Memory>;
-
-  ~Staging() {
-    for (const Slot& s : slots_) memory::sub(MemCategory::comm, s.buffer.extent(0));
-  }
-  // A free buffer of at least `bytes` (its index), taken until give_back.
-  int take(std::size_t bytes) {
-    for (std::size_t i = 0; i < slots_.size(); ++i)
-      if (!slots_[i].taken && slots_[i].buffer.extent(0) >= bytes) {
-        slots_[i].taken = true;
-        return int(i);
-      }
-    // Rounded up to a power of two, so that slowly growing requests reuse buffers.
-    std::size_t size = 4096;
-    while (size < bytes) size *= 2;
-    slots_.push_back(
-        Slot{Buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "comm_staging"), size), true});
-    memory::add(MemCategory::comm, size);
-    return int(slots_.size()) - 1;
-  }
-  char* data(int i) { return slots_[std::size_t(i)].buffer.data(); }
-  void give_back(int i) { slots_[std::size_t(i)].taken = false; }
-
- private:
-  struct Slot {
-    Buffer buffer;
-    bool taken;
-  };
-  std::vector<Slot> slots_;
-};
 
 namespace {
 
@@ -440,7 +415,7 @@ MpiComm::~MpiComm() = default;
 Comm::Started MpiComm::do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op, Space where) {
   device_guard::CommAccess mpi;  // the start may move lent buffers
   auto pending = std::make_unique<MpiPending>(staging_for(where));
-  void* buf = pending->stage(data, n * type_size(t), true, true);
+  void* buf = pending->stage(data, n * size_of(t), true, true);
   check(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(n), mpi_type(t), mpi_op(t, op), comm_,
                        &pending->request),
         "Iallreduce");
@@ -452,9 +427,9 @@ Comm::Started MpiComm::do_reduce_scatter_sum(const void* send, void* recv,
   device_guard::CommAccess mpi;  // the start may move lent buffers
   auto pending = std::make_unique<MpiPending>(staging_for(where));
   pending->args = counts;
-  const void* s = pending->stage(send, packed_elements(counts) * type_size(t), true, false);
+  const void* s = pending->stage(send, packed_elements(counts) * size_of(t), true, false);
   void* out =
-      pending->stage(recv, std::size_t(counts[std::size_t(rank())]) * type_size(t), false, true);
+      pending->stage(recv, std::size_t(counts[std::size_t(rank())]) * size_of(t), false, true);
   check(MPI_Ireduce_scatter(s, out, pending->args.data(), mpi_type(t), mpi_op(t, ReduceOp::sum),
                             comm_, &pending->request),
         "Ireduce_scatter");
@@ -467,7 +442,7 @@ Comm::Started MpiComm::do_all_gather(const void* send, void* recv, const std::ve
   auto pending = std::make_unique<MpiPending>(staging_for(where));
   pending->args = with_displacements(counts);
   const int* displs = pending->args.data() + counts.size();
-  const std::size_t me = std::size_t(rank()), size = type_size(t);
+  const std::size_t me = std::size_t(rank()), size = size_of(t);
   // The caller's own piece may already sit in place inside recv.
   const char* place = static_cast<const char*>(recv) + std::size_t(displs[me]) * size;
   const bool in_place = send == place;
@@ -486,7 +461,7 @@ Comm::Started MpiComm::do_send(const void* data, std::size_t n, DType t, int pee
                                Space where) {
   device_guard::CommAccess mpi;  // the start may move lent buffers
   auto pending = std::make_unique<MpiPending>(staging_for(where));
-  const void* buf = pending->stage(data, n * type_size(t), true, false);
+  const void* buf = pending->stage(data, n * size_of(t), true, false);
   check(MPI_Isend(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, &pending->request), "Isend");
   return pending;
 }
@@ -494,7 +469,7 @@ Comm::Started MpiComm::do_send(const void* data, std::size_t n, DType t, int pee
 Comm::Started MpiComm::do_recv(void* data, std::size_t n, DType t, int peer, int tag, Space where) {
   device_guard::CommAccess mpi;  // the start may move lent buffers
   auto pending = std::make_unique<MpiPending>(staging_for(where));
-  void* buf = pending->stage(data, n * type_size(t), false, true);
+  void* buf = pending->stage(data, n * size_of(t), false, true);
   check(MPI_Irecv(buf, mpi_count(n), mpi_type(t), peer, tag, comm_, &pending->request), "Irecv");
   return pending;
 }
@@ -504,7 +479,7 @@ Comm::Started MpiComm::do_all_to_all(const void* send, void* recv, std::size_t n
   device_guard::CommAccess mpi;  // the start may move lent buffers
   auto pending = std::make_unique<MpiPending>(staging_for(where));
   const int n = mpi_count(n_per_rank);
-  const std::size_t bytes = std::size_t(size()) * n_per_rank * type_size(t);
+  const std::size_t bytes = std::size_t(size()) * n_per_rank * size_of(t);
   const void* s = pending->stage(send, bytes, true, false);
   void* out = pending->stage(recv, bytes, false, true);
   check(MPI_Ialltoall(s, n, mpi_type(t), out, n, mpi_type(t), comm_, &pending->request),
@@ -521,7 +496,7 @@ Comm::Started MpiComm::do_all_to_allv(const void* send, const std::vector<int>& 
   const std::vector<int> recv_args = with_displacements(recv_counts);
   pending->args.insert(pending->args.end(), recv_args.begin(), recv_args.end());
   const int* a = pending->args.data();  // send counts, send displs, recv counts, recv displs
-  const std::size_t D = send_counts.size(), size = type_size(t);
+  const std::size_t D = send_counts.size(), size = size_of(t);
   const void* s = pending->stage(send, packed_elements(send_counts) * size, true, false);
   void* out = pending->stage(recv, packed_elements(recv_counts) * size, false, true);
   check(MPI_Ialltoallv(s, a, a + D, mpi_type(t), out, a + 2 * D, a + 3 * D, mpi_type(t), comm_,
@@ -537,7 +512,9 @@ Transport default_transport() {
   return mpi::cuda_aware() ? Transport::mpi : Transport::staged_mpi;
 }
 
-std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name) {
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, int node) {
+  if (node >= 0 && comm != MPI_COMM_NULL && HierarchicalComm::fits(comm, node))
+    return std::make_unique<HierarchicalComm>(comm, std::move(name), node, default_transport());
   return std::make_unique<MpiComm>(comm, std::move(name), default_transport());
 }
 

@@ -1,7 +1,8 @@
 // comm/comm.hpp — collectives and messages on one group of the grid (docs/ARCHITECTURE.md,
-// "Communication"). `Comm` is the interface callers see; `MpiComm` implements it with MPI (NCCL
-// comes with the GPU backend). Every call but all_reduce_sum_now is non-blocking and returns
-// a Request the caller waits on, so overlap is explicit.
+// "Communication"). `Comm` is the interface callers see; `MpiComm` implements it with MPI,
+// `HierarchicalComm` with MPI in two levels for a group that spans nodes (NCCL is not written
+// yet). Every call but all_reduce_sum_now is non-blocking and returns a Request the caller
+// waits on, so overlap is explicit.
 //
 // Counting, the same for every implementation: each call adds the bytes this rank sends by
 // the algorithmic (ring) volume — all-reduce 2(D-1)/D*n, reduce-scatter and all-gather
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "grid/grid.hpp"
 #include "util/bf16.hpp"
 
 namespace ptrain {
@@ -32,6 +34,7 @@ class Comm;
 // type with user-defined operations).
 enum class DType { f32, f64, i32, i64, bf16 };
 enum class ReduceOp { sum, max };
+std::size_t size_of(DType t);  // bytes of one element
 
 template <class T>
 constexpr DType dtype_of() {
@@ -129,6 +132,8 @@ class Comm {
   int size() const { return size_; }
   int rank() const { return rank_; }
   const std::string& name() const { return name_; }
+  // How it moves data, for the run log: "mpi", "staged-mpi", "hierarchical (...)".
+  virtual std::string describe() const = 0;
 
   // Every operation takes its buffers' Space last (tensor memory unless said otherwise).
 
@@ -241,6 +246,7 @@ class Comm {
 
  private:
   friend class Request;
+  friend class HierarchicalComm;                         // starts and counts its levels' operations
   void count(double bytes);                              // one call sending `bytes`
   void blocked(const char* what, double t0, double t1);  // caller waited [t0, t1]
   std::size_t total(const std::vector<int>& counts, const char* op) const;  // one per rank
@@ -273,6 +279,7 @@ class MpiComm final : public Comm {
   MpiComm(MPI_Comm comm, std::string name, Transport transport = Transport::mpi);
   ~MpiComm() override;
   Transport transport() const { return transport_; }
+  std::string describe() const override { return to_string(transport_); }
   class Staging;  // its host buffers (comm.cpp)
 
  private:
@@ -298,12 +305,62 @@ class MpiComm final : public Comm {
   }
 };
 
+// A group whose ranks sit on several nodes, the same number L on each (N nodes): sums go in
+// two levels, as NCCL and Megatron arrange data-parallel reductions. An all-reduce of n
+// elements is a reduce-scatter inside the node, an all-reduce of this rank's 1/L shard across
+// the nodes (N ranks, one per node: the slow links carry 2(N-1)/N * n/L per rank instead of
+// the flat ring's share of 2(D-1)/D * n) and an all-gather inside the node. Reduce-scatter
+// and all-gather take the same two levels, and the group's ranks are numbered local-major
+// (rank() = l*N + node index, for the l-th rank of a node) so that the pieces of one local
+// index are contiguous: a rank's shard of a reduce-scatter is still one range. Max, messages
+// and all-to-all run on the whole group in that numbering. The group's row counts what every
+// Comm counts (the algorithmic volume); each level also counts what it carries on rows
+// "<name>-intra" and "<name>-inter". A level's operations start in the order of the group's
+// calls on every rank, however the caller waits for them.
+class HierarchicalComm final : public Comm {
+ public:
+  // Collective over `comm` (not owned). `node`: this rank's node (any ids, the same on the
+  // ranks of one node). Throws Error when the nodes hold different numbers of the ranks.
+  HierarchicalComm(MPI_Comm comm, std::string name, int node, Transport transport = Transport::mpi);
+  ~HierarchicalComm() override;
+  // Collective over `comm`: does it span several nodes with the same number, more than one,
+  // of its ranks on each (what make_comm asks before making one)?
+  static bool fits(MPI_Comm comm, int node);
+  int nodes() const;           // N
+  int ranks_per_node() const;  // L
+  std::string describe() const override;
+  class Engine;  // the levels and the operations in flight on them (hierarchical.cpp)
+
+ private:
+  struct Levels;  // the communicators, made before Comm knows this rank's number
+  static Levels split(MPI_Comm comm, const std::string& name, int node);
+  HierarchicalComm(Levels levels, std::string name, Transport transport);
+  Started do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op, Space where) override;
+  Started do_reduce_scatter_sum(const void* send, void* recv, const std::vector<int>& counts,
+                                DType t, Space where) override;
+  Started do_all_gather(const void* send, void* recv, const std::vector<int>& counts, DType t,
+                        Space where) override;
+  Started do_send(const void* data, std::size_t n, DType t, int peer, int tag,
+                  Space where) override;
+  Started do_recv(void* data, std::size_t n, DType t, int peer, int tag, Space where) override;
+  Started do_all_to_all(const void* send, void* recv, std::size_t n_per_rank, DType t,
+                        Space where) override;
+  Started do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
+                         const std::vector<int>& recv_counts, DType t, Space where) override;
+
+  Communicator whole_, node_comm_, across_comm_;  // owned; freed after the Comms below
+  std::unique_ptr<MpiComm> whole_ops_, node_, across_;
+  std::unique_ptr<Engine> engine_;
+};
+
 // The transport for tensor memory in this build: MPI directly where it can reach it (host
 // memory, or a CUDA-aware MPI), else staged through host buffers.
 Transport default_transport();
 
 // Every Comm the program uses is made here, on default_transport(), over the group's
-// communicator (not owned).
-std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name);
+// communicator (not owned). With `node` >= 0 (this rank's node) the call is collective over
+// the group, and a group that spans several nodes with the same number of its ranks (more
+// than one) on each becomes a HierarchicalComm; otherwise, and with node < 0, an MpiComm.
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, int node = -1);
 
 }  // namespace ptrain

@@ -1074,15 +1074,32 @@ std::string fit_section(const Config& config, const Layout& layout, const Memory
 // the rest run as rings in group-rank order (collectives as MPI rings, the pipeline's and cp's
 // neighbours), so the share of ring links whose ends are on different nodes. MPI's own
 // algorithm may route differently; this is what a flat ring does.
+// A data-parallel group the run reduces in two levels (comm/comm.hpp, HierarchicalComm):
+// per rank (L-1)/L of each call's volume inside the node, (N-1)/N of 1/L of it across, the
+// same total as the ring's (D-1)/D, of which (N-1)/(D-1) crosses nodes.
 struct NodeSplit {
   double inter_share = 0;
-  int crossing = 0, links = 0;  // ring links that cross nodes, of all
+  int crossing = 0, links = 0;                   // ring links that cross nodes, of all
+  int two_level_nodes = 0, two_level_ranks = 0;  // N and L when reduced in two levels
 };
-NodeSplit node_split(const Layout& layout, GroupKind g) {
+NodeSplit node_split(const Config& config, const Layout& layout, GroupKind g) {
   const std::vector<int> m = layout.members(g, 0);
   const int n = int(m.size());
   NodeSplit s;
   if (n <= 1) return s;
+  const bool reduction =
+      g == GroupKind::dense_grad || (g == GroupKind::expert_grad && config.model.n_expert > 0);
+  if (reduction && config.backend.comm != "mpi") {
+    std::map<int, int> per_node;  // the make_comm rule: N > 1 nodes with the same L > 1 each
+    for (int r : m) ++per_node[layout.node(r)];
+    const int L = per_node.begin()->second, N = int(per_node.size());
+    if (N > 1 && L > 1 && n == N * L &&
+        std::all_of(per_node.begin(), per_node.end(), [&](auto& p) { return p.second == L; })) {
+      s.two_level_nodes = N, s.two_level_ranks = L;
+      s.inter_share = double(N - 1) / double(n - 1);
+      return s;
+    }
+  }
   s.links = g == GroupKind::ep ? n - 1 : n;
   for (int i = 0; i < n; ++i) {
     const int a = g == GroupKind::ep ? m[0] : m[std::size_t(i)];
@@ -1102,8 +1119,8 @@ std::string comm_section(const Config& config, const Layout& layout) {
   const bool nodes = layout.num_nodes() > 1;
   line(cat("communication per step, sent by one rank (rank 0's shard)",
            nodes ? "; split into intra- and inter-node bytes as a ring in group-rank order "
-                   "sends them, averaged over the group's ranks (all-to-all: over rank 0's "
-                   "peers)"
+                   "sends them, or the two-level reduction where the run uses one, averaged "
+                   "over the group's ranks (all-to-all: over rank 0's peers)"
                  : "",
            ":"));
   for (const auto& c : estimate_comm(config, shard_of(config, 0, 0, 0))) {
@@ -1112,8 +1129,14 @@ std::string comm_section(const Config& config, const Layout& layout) {
     std::snprintf(row, sizeof row, "  %-12s %12s   %s", group_name(c.group),
                   format_bytes(c.bytes_per_step).c_str(), c.formula.c_str());
     line(row);
-    const NodeSplit split = node_split(layout, c.group);
-    if (nodes && split.links > 0)
+    const NodeSplit split = node_split(config, layout, c.group);
+    if (nodes && split.two_level_nodes > 0)
+      line(cat("  ", std::string(12, ' '), " intra-node ",
+               format_bytes(c.bytes_per_step * (1 - split.inter_share)), ", inter-node ",
+               format_bytes(c.bytes_per_step * split.inter_share), " (two levels: inside ",
+               split.two_level_nodes, " nodes of ", split.two_level_ranks,
+               ", then across them; backend%comm = 'mpi' makes it one ring)"));
+    else if (nodes && split.links > 0)
       line(cat("  ", std::string(12, ' '), " intra-node ",
                format_bytes(c.bytes_per_step * (1 - split.inter_share)), ", inter-node ",
                format_bytes(c.bytes_per_step * split.inter_share), " (", split.crossing, " of ",

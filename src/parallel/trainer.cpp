@@ -52,6 +52,12 @@ std::vector<optim::Segment> decay_segments(const DataParallel<T>& dp) {
   return segs;
 }
 
+// The node make_comm groups a data-parallel reduction by (two levels where the group spans
+// nodes), or -1: one MPI communicator (backend%comm = 'mpi', or a group with nothing to do).
+int reduction_node(const Config& c, const Grid& grid, bool used = true) {
+  return c.backend.comm == "mpi" || !used ? -1 : grid.node();
+}
+
 }  // namespace
 
 void check_supported(const Config& c) {
@@ -79,15 +85,27 @@ void check_supported(const Config& c) {
 }
 
 template <class P>
+std::string Trainer<P>::transports() const {
+  std::string out;
+  Comm* experts = config_.model.n_expert > 0 ? expert_grad_.get() : nullptr;
+  for (const Comm* c :
+       {dense_grad_.get(), tp_.get(), pp_.get(), cp_.get(), ep_.get(), experts, ends_.get()})
+    if (c && c->size() > 1) out += cat(out.empty() ? "" : ", ", c->name(), " ", c->describe());
+  return out.empty() ? "no group of more than one rank" : out;
+}
+
+template <class P>
 Trainer<P>::Trainer(const Config& config, const Grid& grid)
     : config_(config),
       grid_(grid),
-      dense_grad_(make_comm(grid.comm(GroupKind::dense_grad), "dense-grad")),
+      dense_grad_(
+          make_comm(grid.comm(GroupKind::dense_grad), "dense-grad", reduction_node(config, grid))),
       tp_(make_comm(grid.comm(GroupKind::tp), "tp")),
       pp_(make_comm(grid.comm(GroupKind::pp), "pp")),
       cp_(make_comm(grid.comm(GroupKind::cp), "cp")),
       ep_(make_comm(grid.comm(GroupKind::ep), "ep")),
-      expert_grad_(make_comm(grid.comm(GroupKind::expert_grad), "expert-grad")),
+      expert_grad_(make_comm(grid.comm(GroupKind::expert_grad), "expert-grad",
+                             reduction_node(config, grid, config.model.n_expert > 0))),
       stats_(make_comm(grid.cart(), "stats")),
       stage_stats_(make_comm(grid.comm(GroupKind::pp), "stats")),
       data_(data::open_source(data::spec_from_config(config))),

@@ -67,6 +67,9 @@ class Trainer {
   std::vector<model::ChunkLayout> layouts() const;
   const std::vector<OpList>& schedule() const { return schedule_; }  // every pipeline rank's
   const data::TokenSource& data() const { return *data_; }
+  // This rank's groups of more than one rank and how each communicates, for the log:
+  // "dense-grad hierarchical (2 nodes x 2 ranks, mpi), tp mpi".
+  std::string transports() const;
 
   StepResult step(std::int64_t s);  // optimizer step s (1-based)
   double evaluate();  // mean loss over the validation samples; NaN when a stop signal came

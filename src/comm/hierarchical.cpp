@@ -1,0 +1,333 @@
+// comm/hierarchical.cpp — HierarchicalComm: sums over a group that spans nodes, in two levels
+// (inside the node, then across the nodes), as comm/comm.hpp describes.
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <functional>
+#include <numeric>
+
+#include "comm/buffer_pool.hpp"
+#include "comm/comm.hpp"
+#include "util/error.hpp"
+#include "util/mpi.hpp"
+
+namespace ptrain {
+
+namespace {
+
+// Every rank's node id, gathered over the group, and each node's index in order of first
+// appearance.
+struct NodeMap {
+  std::vector<int> index;  // per group rank, its node's index 0..N-1
+  std::vector<int> ranks;  // per node index, the group's ranks there
+};
+
+NodeMap node_map(MPI_Comm comm, int node) {
+  std::vector<int> ids(std::size_t(mpi::size(comm)));
+  mpi::check(MPI_Allgather(&node, 1, MPI_INT, ids.data(), 1, MPI_INT, comm),
+             "MPI Allgather (node ids)");
+  NodeMap m;
+  std::vector<int> seen;  // node ids by index
+  for (int id : ids) {
+    const std::size_t k = std::size_t(std::find(seen.begin(), seen.end(), id) - seen.begin());
+    if (k == seen.size()) {
+      seen.push_back(id);
+      m.ranks.push_back(0);
+    }
+    m.index.push_back(int(k));
+    ++m.ranks[k];
+  }
+  return m;
+}
+
+bool uniform(const NodeMap& m) {
+  return std::all_of(m.ranks.begin(), m.ranks.end(), [&](int r) { return r == m.ranks[0]; });
+}
+
+Communicator split_comm(MPI_Comm comm, int color, int key, const char* what) {
+  MPI_Comm out = MPI_COMM_NULL;
+  mpi::check(MPI_Comm_split(comm, color, key, &out), cat("MPI Comm_split (", what, ")"));
+  return Communicator(out);
+}
+
+// n elements in L pieces as even as they go, the first n % L one longer.
+std::vector<int> even_pieces(std::size_t n, int L) {
+  std::vector<int> c(static_cast<std::size_t>(L));
+  for (int j = 0; j < L; ++j)
+    c[std::size_t(j)] = int(n / std::size_t(L) + (std::size_t(j) < n % std::size_t(L)));
+  return c;
+}
+
+std::size_t sum(const std::vector<int>& counts) {
+  return std::size_t(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
+}
+
+}  // namespace
+
+// --- the engine: levels, tickets, operations in flight --------------------------------------
+
+// A level's collectives must start in the same order on all of its ranks. Operations advance
+// from phase to phase as the caller tests or waits, in whatever order it does, so each phase
+// takes a ticket on its level when the operation is made (the group's calls come in the same
+// order everywhere) and starts only when every earlier ticket there has started.
+class HierarchicalComm::Engine {
+ public:
+  struct Level {
+    std::int64_t issued = 0, started = 0;  // tickets handed out, phases started
+  };
+  class Operation;
+
+  // Starts what can start, oldest operation first.
+  void progress();
+  // A shard buffer in the memory of `where` (tensor memory: the GPU's in a CUDA build).
+  int take(Space where, std::size_t bytes) {
+    return where == Space::tensor ? tensor_shards_.take(bytes) : host_shards_.take(bytes);
+  }
+  char* data(Space where, int slot) {
+    return where == Space::tensor ? tensor_shards_.data(slot) : host_shards_.data(slot);
+  }
+  void give_back(Space where, int slot) {
+    if (where == Space::tensor)
+      tensor_shards_.give_back(slot);
+    else
+      host_shards_.give_back(slot);
+  }
+
+  Level node_level, across_level;
+  std::vector<Operation*> in_flight;  // in the order of the group's calls
+
+ private:
+  comm_detail::BufferPool<Kokkos::DefaultExecutionSpace::memory_space> tensor_shards_;
+  comm_detail::BufferPool<Kokkos::HostSpace> host_shards_;
+};
+
+// One call of the group: its phases in order, each an operation on one level.
+class HierarchicalComm::Engine::Operation final : public Request::Pending {
+ public:
+  // With a shard of `shard_bytes` in the buffers' space, for the phases to pass between them.
+  Operation(Engine& engine, Space where, std::size_t shard_bytes) : engine_(engine), where_(where) {
+    if (shard_bytes == 0) return;
+    slot_ = engine_.take(where_, shard_bytes);
+    shard_ = engine_.data(where_, slot_);
+  }
+  ~Operation() override {
+    auto& f = engine_.in_flight;
+    f.erase(std::remove(f.begin(), f.end(), this), f.end());
+    if (slot_ >= 0) engine_.give_back(where_, slot_);
+  }
+  char* shard() const { return shard_; }
+
+  void add(Level& level, std::function<Started()> start) {
+    phases_.push_back(Phase{&level, level.issued++, std::move(start)});
+  }
+  // After the phases: joins the operations in flight and starts what it can.
+  void begin() {
+    engine_.in_flight.push_back(this);
+    engine_.progress();
+  }
+  // Runs phases while they can run; true when the last one has completed.
+  bool advance() {
+    for (;;) {
+      if (current_) {
+        if (!current_->test()) return false;
+        current_->finish();
+        current_.reset();
+      }
+      if (next_ == phases_.size()) return done_ = true;
+      Phase& p = phases_[next_];
+      if (p.level->started != p.ticket) return false;  // an earlier call's phase goes first
+      current_ = p.start();
+      ++p.level->started;
+      ++next_;
+    }
+  }
+
+  bool test() override {
+    if (!done_) engine_.progress();
+    return done_;
+  }
+  void wait() override {
+    while (!test()) {
+    }
+  }
+
+ private:
+  struct Phase {
+    Level* level;
+    std::int64_t ticket;
+    std::function<Started()> start;
+  };
+  Engine& engine_;
+  Space where_;
+  int slot_ = -1;
+  char* shard_ = nullptr;
+  std::vector<Phase> phases_;
+  std::size_t next_ = 0;
+  Started current_;
+  bool done_ = false;
+};
+
+void HierarchicalComm::Engine::progress() {
+  // Completed operations leave the list; an operation's advance never touches the list.
+  std::vector<Operation*> now = in_flight;
+  for (Operation* op : now)
+    if (op->advance()) in_flight.erase(std::find(in_flight.begin(), in_flight.end(), op));
+}
+
+// --- the Comm --------------------------------------------------------------------------------
+
+struct HierarchicalComm::Levels {
+  Communicator whole, node, across;
+};
+
+bool HierarchicalComm::fits(MPI_Comm comm, int node) {
+  const NodeMap m = node_map(comm, node);
+  return m.ranks.size() > 1 && m.ranks[0] > 1 && uniform(m);
+}
+
+HierarchicalComm::Levels HierarchicalComm::split(MPI_Comm comm, const std::string& name, int node) {
+  PTRAIN_REQUIRE(comm != MPI_COMM_NULL, "comm: group '", name, "' has no communicator here");
+  const NodeMap m = node_map(comm, node);
+  if (!uniform(m)) {
+    const auto [lo, hi] = std::minmax_element(m.ranks.begin(), m.ranks.end());
+    throw Error(cat("comm: group '", name, "' has ", *lo, " to ", *hi,
+                    " ranks per node; a hierarchical group needs the same number on each node"));
+  }
+  const int me = mpi::rank(comm), N = int(m.ranks.size());
+  const int n = m.index[std::size_t(me)];
+  const int l = int(std::count(m.index.begin(), m.index.begin() + me, n));  // local index
+  Levels lv;
+  lv.whole = split_comm(comm, 0, l * N + n, "hierarchical group");
+  lv.node = split_comm(comm, n, l, "inside the node");
+  lv.across = split_comm(comm, l, n, "across the nodes");
+  return lv;
+}
+
+HierarchicalComm::HierarchicalComm(MPI_Comm comm, std::string name, int node, Transport transport)
+    : HierarchicalComm(split(comm, name, node), name, transport) {}
+
+HierarchicalComm::HierarchicalComm(Levels levels, std::string name, Transport transport)
+    : Comm(name, levels.whole.size(), levels.whole.rank()),
+      whole_(std::move(levels.whole)),
+      node_comm_(std::move(levels.node)),
+      across_comm_(std::move(levels.across)),
+      whole_ops_(std::make_unique<MpiComm>(whole_.get(), name, transport)),
+      node_(std::make_unique<MpiComm>(node_comm_.get(), name + "-intra", transport)),
+      across_(std::make_unique<MpiComm>(across_comm_.get(), name + "-inter", transport)),
+      engine_(std::make_unique<Engine>()) {
+  members_ = static_cast<Comm&>(*whole_ops_).members_;
+}
+
+HierarchicalComm::~HierarchicalComm() = default;
+
+int HierarchicalComm::nodes() const { return across_->size(); }
+int HierarchicalComm::ranks_per_node() const { return node_->size(); }
+
+std::string HierarchicalComm::describe() const {
+  return cat("hierarchical (", nodes(), " nodes x ", ranks_per_node(), " ranks, ",
+             whole_ops_->describe(), ")");
+}
+
+// A level's share of a call, counted on its row: what the level's own call carries.
+// all-reduce of n: reduce-scatter and all-gather of n inside ((L-1)/L * n each), all-reduce
+// of this rank's piece across (2(N-1)/N * piece).
+Comm::Started HierarchicalComm::do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op,
+                                              Space where) {
+  Comm& whole = *whole_ops_;
+  if (op != ReduceOp::sum) return whole.do_all_reduce(data, n, t, op, where);
+  Comm &node = *node_, &across = *across_;
+  const int L = node.size(), N = across.size();
+  const std::size_t w = size_of(t);
+  const std::vector<int> pieces = even_pieces(n, L);
+  const std::size_t mine = std::size_t(pieces[std::size_t(node.rank())]);
+  node.count(2.0 * (L - 1) / L * double(n * w));
+  across.count(2.0 * (N - 1) / N * double(mine * w));
+  // data: (n) -> the node's sum of this rank's piece: (mine) -> summed across -> gathered.
+  auto call = std::make_unique<Engine::Operation>(*engine_, where, mine * w);
+  char* shard = call->shard();
+  call->add(engine_->node_level,
+            [=, &node] { return node.do_reduce_scatter_sum(data, shard, pieces, t, where); });
+  call->add(engine_->across_level,
+            [=, &across] { return across.do_all_reduce(shard, mine, t, ReduceOp::sum, where); });
+  call->add(engine_->node_level,
+            [=, &node] { return node.do_all_gather(shard, data, pieces, t, where); });
+  call->begin();
+  return call;
+}
+
+// Rank l*N + k owns piece l*N + k of counts: local index l's pieces are contiguous, summed
+// inside the node into that rank's chunk, whose pieces are then summed across the nodes.
+Comm::Started HierarchicalComm::do_reduce_scatter_sum(const void* send, void* recv,
+                                                      const std::vector<int>& counts, DType t,
+                                                      Space where) {
+  Comm &node = *node_, &across = *across_;
+  const int L = node.size(), N = across.size(), l = node.rank();
+  const std::size_t w = size_of(t);
+  std::vector<int> chunks(std::size_t(L), 0), mine(static_cast<std::size_t>(N));
+  for (int j = 0; j < L; ++j)
+    for (int k = 0; k < N; ++k) chunks[std::size_t(j)] += counts[std::size_t(j * N + k)];
+  for (int k = 0; k < N; ++k) mine[std::size_t(k)] = counts[std::size_t(l * N + k)];
+  const std::size_t chunk = std::size_t(chunks[std::size_t(l)]);
+  node.count(double(L - 1) / L * double(sum(counts) * w));
+  across.count(double(N - 1) / N * double(chunk * w));
+  auto call = std::make_unique<Engine::Operation>(*engine_, where, chunk * w);
+  char* shard = call->shard();
+  call->add(engine_->node_level,
+            [=, &node] { return node.do_reduce_scatter_sum(send, shard, chunks, t, where); });
+  call->add(engine_->across_level,
+            [=, &across] { return across.do_reduce_scatter_sum(shard, recv, mine, t, where); });
+  call->begin();
+  return call;
+}
+
+// The inverse: this rank's piece gathered across the nodes into local index l's chunk, in its
+// place in recv, then the chunks gathered inside the node, in place.
+Comm::Started HierarchicalComm::do_all_gather(const void* send, void* recv,
+                                              const std::vector<int>& counts, DType t,
+                                              Space where) {
+  Comm &node = *node_, &across = *across_;
+  const int L = node.size(), N = across.size(), l = node.rank();
+  const std::size_t w = size_of(t);
+  std::vector<int> chunks(std::size_t(L), 0), mine(static_cast<std::size_t>(N));
+  std::size_t base = 0;  // where local index l's chunk starts in recv (elements)
+  for (int j = 0; j < L; ++j)
+    for (int k = 0; k < N; ++k) {
+      chunks[std::size_t(j)] += counts[std::size_t(j * N + k)];
+      if (j < l) base += std::size_t(counts[std::size_t(j * N + k)]);
+    }
+  for (int k = 0; k < N; ++k) mine[std::size_t(k)] = counts[std::size_t(l * N + k)];
+  across.count(double(N - 1) / N * double(std::size_t(chunks[std::size_t(l)]) * w));
+  node.count(double(L - 1) / L * double(sum(counts) * w));
+  char* chunk = static_cast<char*>(recv) + base * w;
+  auto call = std::make_unique<Engine::Operation>(*engine_, where, 0);
+  call->add(engine_->across_level,
+            [=, &across] { return across.do_all_gather(send, chunk, mine, t, where); });
+  call->add(engine_->node_level,
+            [=, &node] { return node.do_all_gather(chunk, recv, chunks, t, where); });
+  call->begin();
+  return call;
+}
+
+Comm::Started HierarchicalComm::do_send(const void* data, std::size_t n, DType t, int peer, int tag,
+                                        Space where) {
+  return static_cast<Comm&>(*whole_ops_).do_send(data, n, t, peer, tag, where);
+}
+
+Comm::Started HierarchicalComm::do_recv(void* data, std::size_t n, DType t, int peer, int tag,
+                                        Space where) {
+  return static_cast<Comm&>(*whole_ops_).do_recv(data, n, t, peer, tag, where);
+}
+
+Comm::Started HierarchicalComm::do_all_to_all(const void* send, void* recv, std::size_t n_per_rank,
+                                              DType t, Space where) {
+  return static_cast<Comm&>(*whole_ops_).do_all_to_all(send, recv, n_per_rank, t, where);
+}
+
+Comm::Started HierarchicalComm::do_all_to_allv(const void* send,
+                                               const std::vector<int>& send_counts, void* recv,
+                                               const std::vector<int>& recv_counts, DType t,
+                                               Space where) {
+  return static_cast<Comm&>(*whole_ops_)
+      .do_all_to_allv(send, send_counts, recv, recv_counts, t, where);
+}
+
+}  // namespace ptrain
