@@ -316,7 +316,10 @@ class MpiComm final : public Comm {
 // and all-to-all run on the whole group in that numbering. The group's row counts what every
 // Comm counts (the algorithmic volume); each level also counts what it carries on rows
 // "<name>-intra" and "<name>-inter". A level's operations start in the order of the group's
-// calls on every rank, however the caller waits for them.
+// calls on every rank, however the caller waits for them; the phases at one position of
+// their calls (the first reduce-scatters inside the nodes, the all-reduces across) have a
+// communicator of their own, so that one call's inter-node phase overlaps the next call's
+// intra-node one.
 class HierarchicalComm final : public Comm {
  public:
   // Collective over `comm` (not owned). `node`: this rank's node (any ids, the same on the
@@ -348,8 +351,8 @@ class HierarchicalComm final : public Comm {
   Started do_all_to_allv(const void* send, const std::vector<int>& send_counts, void* recv,
                          const std::vector<int>& recv_counts, DType t, Space where) override;
 
-  Communicator whole_, node_comm_, across_comm_;  // owned; freed after the Comms below
-  std::unique_ptr<MpiComm> whole_ops_, node_, across_;
+  Communicator whole_;                  // owned; freed after whole_ops_
+  std::unique_ptr<MpiComm> whole_ops_;  // the whole group, in this Comm's numbering
   std::unique_ptr<Engine> engine_;
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <tuple>
 
 #include "comm/buffer_pool.hpp"
 #include "comm/comm.hpp"
@@ -63,18 +64,41 @@ std::size_t sum(const std::vector<int>& counts) {
 
 }  // namespace
 
-// --- the engine: levels, tickets, operations in flight --------------------------------------
+// --- the engine: lanes, tickets, operations in flight ---------------------------------------
 
 // A level's collectives must start in the same order on all of its ranks. Operations advance
 // from phase to phase as the caller tests or waits, in whatever order it does, so each phase
-// takes a ticket on its level when the operation is made (the group's calls come in the same
-// order everywhere) and starts only when every earlier ticket there has started.
+// takes a ticket when the operation is made (the group's calls come in the same order
+// everywhere) and starts only when every earlier ticket has started. Tickets are per lane: a
+// level's communicator for the phases at one position of their calls (an all-reduce's first
+// reduce-scatter and its last all-gather are on two lanes of the node level). A phase then
+// waits only for the same position of earlier calls, which wait only for earlier calls: the
+// oldest call can always go on, and call k+1's reduce-scatter runs while call k's all-reduce
+// crosses the nodes.
 class HierarchicalComm::Engine {
  public:
-  struct Level {
+  struct Lane {
+    Communicator comm;                     // a duplicate of the level's communicator, owned
+    std::unique_ptr<MpiComm> ops;          // on it (the level's row of the table)
     std::int64_t issued = 0, started = 0;  // tickets handed out, phases started
   };
   class Operation;
+
+  static constexpr int kPositions = 3;  // phases per call, at most
+  // Lanes over `node` (the group's ranks on this node) and `across` (one per node), taken.
+  Engine(Communicator node, Communicator across, const std::string& name, Transport transport) {
+    for (int p = 0; p < kPositions; ++p) {
+      for (auto [lanes, level, suffix] : {std::tuple{node_lanes_, &node, "-intra"},
+                                          std::tuple{across_lanes_, &across, "-inter"}}) {
+        MPI_Comm dup = MPI_COMM_NULL;
+        mpi::check(MPI_Comm_dup(level->get(), &dup), "MPI Comm_dup (hierarchical lane)");
+        lanes[p].comm = Communicator(dup);
+        lanes[p].ops = std::make_unique<MpiComm>(dup, name + suffix, transport);
+      }
+    }
+  }
+  Lane& node(int position) { return node_lanes_[position]; }
+  Lane& across(int position) { return across_lanes_[position]; }
 
   // Starts what can start, oldest operation first.
   void progress();
@@ -92,10 +116,10 @@ class HierarchicalComm::Engine {
       host_shards_.give_back(slot);
   }
 
-  Level node_level, across_level;
   std::vector<Operation*> in_flight;  // in the order of the group's calls
 
  private:
+  Lane node_lanes_[kPositions], across_lanes_[kPositions];
   comm_detail::BufferPool<Kokkos::DefaultExecutionSpace::memory_space> tensor_shards_;
   comm_detail::BufferPool<Kokkos::HostSpace> host_shards_;
 };
@@ -116,8 +140,9 @@ class HierarchicalComm::Engine::Operation final : public Request::Pending {
   }
   char* shard() const { return shard_; }
 
-  void add(Level& level, std::function<Started()> start) {
-    phases_.push_back(Phase{&level, level.issued++, std::move(start)});
+  // The next phase: `start` on `lane`, once the lane's earlier tickets have started.
+  void add(Lane& lane, std::function<Started(Comm&)> start) {
+    phases_.push_back(Phase{&lane, lane.issued++, std::move(start)});
   }
   // After the phases: joins the operations in flight and starts what it can.
   void begin() {
@@ -134,9 +159,9 @@ class HierarchicalComm::Engine::Operation final : public Request::Pending {
       }
       if (next_ == phases_.size()) return done_ = true;
       Phase& p = phases_[next_];
-      if (p.level->started != p.ticket) return false;  // an earlier call's phase goes first
-      current_ = p.start();
-      ++p.level->started;
+      if (p.lane->started != p.ticket) return false;  // an earlier call's phase goes first
+      current_ = p.start(*p.lane->ops);
+      ++p.lane->started;
       ++next_;
     }
   }
@@ -152,9 +177,9 @@ class HierarchicalComm::Engine::Operation final : public Request::Pending {
 
  private:
   struct Phase {
-    Level* level;
+    Lane* lane;
     std::int64_t ticket;
-    std::function<Started()> start;
+    std::function<Started(Comm&)> start;
   };
   Engine& engine_;
   Space where_;
@@ -208,19 +233,16 @@ HierarchicalComm::HierarchicalComm(MPI_Comm comm, std::string name, int node, Tr
 HierarchicalComm::HierarchicalComm(Levels levels, std::string name, Transport transport)
     : Comm(name, levels.whole.size(), levels.whole.rank()),
       whole_(std::move(levels.whole)),
-      node_comm_(std::move(levels.node)),
-      across_comm_(std::move(levels.across)),
       whole_ops_(std::make_unique<MpiComm>(whole_.get(), name, transport)),
-      node_(std::make_unique<MpiComm>(node_comm_.get(), name + "-intra", transport)),
-      across_(std::make_unique<MpiComm>(across_comm_.get(), name + "-inter", transport)),
-      engine_(std::make_unique<Engine>()) {
+      engine_(std::make_unique<Engine>(std::move(levels.node), std::move(levels.across), name,
+                                       transport)) {
   members_ = static_cast<Comm&>(*whole_ops_).members_;
 }
 
 HierarchicalComm::~HierarchicalComm() = default;
 
-int HierarchicalComm::nodes() const { return across_->size(); }
-int HierarchicalComm::ranks_per_node() const { return node_->size(); }
+int HierarchicalComm::nodes() const { return engine_->across(0).ops->size(); }
+int HierarchicalComm::ranks_per_node() const { return engine_->node(0).ops->size(); }
 
 std::string HierarchicalComm::describe() const {
   return cat("hierarchical (", nodes(), " nodes x ", ranks_per_node(), " ranks, ",
@@ -234,7 +256,8 @@ Comm::Started HierarchicalComm::do_all_reduce(void* data, std::size_t n, DType t
                                               Space where) {
   Comm& whole = *whole_ops_;
   if (op != ReduceOp::sum) return whole.do_all_reduce(data, n, t, op, where);
-  Comm &node = *node_, &across = *across_;
+  Engine& e = *engine_;
+  Comm &node = *e.node(0).ops, &across = *e.across(0).ops;
   const int L = node.size(), N = across.size();
   const std::size_t w = size_of(t);
   const std::vector<int> pieces = even_pieces(n, L);
@@ -242,14 +265,13 @@ Comm::Started HierarchicalComm::do_all_reduce(void* data, std::size_t n, DType t
   node.count(2.0 * (L - 1) / L * double(n * w));
   across.count(2.0 * (N - 1) / N * double(mine * w));
   // data: (n) -> the node's sum of this rank's piece: (mine) -> summed across -> gathered.
-  auto call = std::make_unique<Engine::Operation>(*engine_, where, mine * w);
+  auto call = std::make_unique<Engine::Operation>(e, where, mine * w);
   char* shard = call->shard();
-  call->add(engine_->node_level,
-            [=, &node] { return node.do_reduce_scatter_sum(data, shard, pieces, t, where); });
-  call->add(engine_->across_level,
-            [=, &across] { return across.do_all_reduce(shard, mine, t, ReduceOp::sum, where); });
-  call->add(engine_->node_level,
-            [=, &node] { return node.do_all_gather(shard, data, pieces, t, where); });
+  call->add(e.node(0),
+            [=](Comm& c) { return c.do_reduce_scatter_sum(data, shard, pieces, t, where); });
+  call->add(e.across(1),
+            [=](Comm& c) { return c.do_all_reduce(shard, mine, t, ReduceOp::sum, where); });
+  call->add(e.node(2), [=](Comm& c) { return c.do_all_gather(shard, data, pieces, t, where); });
   call->begin();
   return call;
 }
@@ -259,7 +281,8 @@ Comm::Started HierarchicalComm::do_all_reduce(void* data, std::size_t n, DType t
 Comm::Started HierarchicalComm::do_reduce_scatter_sum(const void* send, void* recv,
                                                       const std::vector<int>& counts, DType t,
                                                       Space where) {
-  Comm &node = *node_, &across = *across_;
+  Engine& e = *engine_;
+  Comm &node = *e.node(0).ops, &across = *e.across(0).ops;
   const int L = node.size(), N = across.size(), l = node.rank();
   const std::size_t w = size_of(t);
   std::vector<int> chunks(std::size_t(L), 0), mine(static_cast<std::size_t>(N));
@@ -269,12 +292,12 @@ Comm::Started HierarchicalComm::do_reduce_scatter_sum(const void* send, void* re
   const std::size_t chunk = std::size_t(chunks[std::size_t(l)]);
   node.count(double(L - 1) / L * double(sum(counts) * w));
   across.count(double(N - 1) / N * double(chunk * w));
-  auto call = std::make_unique<Engine::Operation>(*engine_, where, chunk * w);
+  auto call = std::make_unique<Engine::Operation>(e, where, chunk * w);
   char* shard = call->shard();
-  call->add(engine_->node_level,
-            [=, &node] { return node.do_reduce_scatter_sum(send, shard, chunks, t, where); });
-  call->add(engine_->across_level,
-            [=, &across] { return across.do_reduce_scatter_sum(shard, recv, mine, t, where); });
+  call->add(e.node(0),
+            [=](Comm& c) { return c.do_reduce_scatter_sum(send, shard, chunks, t, where); });
+  call->add(e.across(1),
+            [=](Comm& c) { return c.do_reduce_scatter_sum(shard, recv, mine, t, where); });
   call->begin();
   return call;
 }
@@ -284,7 +307,8 @@ Comm::Started HierarchicalComm::do_reduce_scatter_sum(const void* send, void* re
 Comm::Started HierarchicalComm::do_all_gather(const void* send, void* recv,
                                               const std::vector<int>& counts, DType t,
                                               Space where) {
-  Comm &node = *node_, &across = *across_;
+  Engine& e = *engine_;
+  Comm &node = *e.node(0).ops, &across = *e.across(0).ops;
   const int L = node.size(), N = across.size(), l = node.rank();
   const std::size_t w = size_of(t);
   std::vector<int> chunks(std::size_t(L), 0), mine(static_cast<std::size_t>(N));
@@ -298,11 +322,9 @@ Comm::Started HierarchicalComm::do_all_gather(const void* send, void* recv,
   across.count(double(N - 1) / N * double(std::size_t(chunks[std::size_t(l)]) * w));
   node.count(double(L - 1) / L * double(sum(counts) * w));
   char* chunk = static_cast<char*>(recv) + base * w;
-  auto call = std::make_unique<Engine::Operation>(*engine_, where, 0);
-  call->add(engine_->across_level,
-            [=, &across] { return across.do_all_gather(send, chunk, mine, t, where); });
-  call->add(engine_->node_level,
-            [=, &node] { return node.do_all_gather(chunk, recv, chunks, t, where); });
+  auto call = std::make_unique<Engine::Operation>(e, where, 0);
+  call->add(e.across(0), [=](Comm& c) { return c.do_all_gather(send, chunk, mine, t, where); });
+  call->add(e.node(1), [=](Comm& c) { return c.do_all_gather(chunk, recv, chunks, t, where); });
   call->begin();
   return call;
 }

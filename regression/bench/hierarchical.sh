@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Two-level against flat data-parallel reduction on 2 simulated nodes x 2 ranks (network
+# namespaces, regression/nodes/netns.sh), each node's link shaped to RATE (default 400mbit,
+# 50 MB/s: a tenth or less of what two ranks of one node move through shared memory), dp 4:
+# ZeRO 0 (all-reduce buckets behind the backward) and ZeRO 1 (reduce-scatter, all-gather),
+# each as one flat ring (backend%comm = 'mpi') and in two levels ('auto'), in alternating
+# order, ROUNDS times. Per run: the step time and the exposed dense-grad time per step (means
+# over the steps after the first), and the bytes the nodes sent over their links per step
+# (the bridge ports' counters, less those of a one-step run of the same kind: start-up),
+# against the formula: flat, N crossing ring links each carrying the flat bytes of a rank;
+# two levels, D ranks each sending (N-1)/(D-1) of theirs across. Prints the medians and the
+# flat / two-level ratio of exposed time (the target is 1.3 or more), with the spread.
+#   regression/bench/hierarchical.sh [build/ptrain] [steps] [rounds]
+#   RATE=200mbit N_LAYER=4 D_MODEL=512 VOCAB=8192 regression/bench/hierarchical.sh
+# Needs root (ip netns, tc); GPT-2-small-like shapes, narrowed to run in minutes on 2 cores.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ptrain=${1:-$here/build/ptrain}
+steps=${2:-5}
+rounds=${3:-3}
+nodes=$here/regression/nodes/netns.sh
+RATE=${RATE:-400mbit} N_LAYER=${N_LAYER:-4} D_MODEL=${D_MODEL:-512} N_HEAD=${N_HEAD:-8}
+VOCAB=${VOCAB:-8192} SEQ_LEN=${SEQ_LEN:-128}
+[ "$(id -u)" = 0 ] || { echo "hierarchical.sh: needs root (network namespaces)"; exit 2; }
+tmp=$(mktemp -d)
+trap '"$nodes" down >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+"$nodes" up 2 "$RATE" >/dev/null
+shape=(--set model%n_layer="$N_LAYER" --set model%d_model="$D_MODEL" --set model%n_head="$N_HEAD"
+       --set model%vocab="$VOCAB" --set model%seq_len="$SEQ_LEN" --set model%dtype="'fp32'"
+       --set train%global_batch=8 --set train%micro_batch=2 --set parallel%dp=4
+       --set run%eval_every=0 --set run%log_every=1000 --set data%val_fraction=0
+       --set backend%blas_threads=1 --set backend%peak_gflops=100)
+link_bytes() { cat /sys/class/net/ptrnv0/statistics/rx_bytes /sys/class/net/ptrnv1/statistics/rx_bytes | awk '{s += $1} END {printf "%.0f\n", s}'; }
+
+# run NAME COMM ZERO STEPS: one run over the two nodes; prints "step_s exposed_s bytes flat_rank_bytes"
+run() {
+  local name=$1 comm=$2 zero=$3 n=$4 before after
+  before=$(link_bytes)
+  timeout 900 "$nodes" run 2 -np 4 "$ptrain" "$here/input/tiny.nml" "${shape[@]}" \
+    --set run%steps="$n" --set parallel%zero="$zero" --set backend%comm="'$comm'" \
+    --set run%out_dir="'$tmp/$name'" >"$tmp/$name.log" 2>&1 ||
+    { echo "hierarchical.sh: $name failed:" >&2; tail -5 "$tmp/$name.log" >&2; exit 1; }
+  after=$(link_bytes)
+  awk -F, -v link=$((after - before)) 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+    NR > 2 { t += $c["t_step"]; e += $c["exposed_dense_grad_s"]; b = $c["bytes_dense_grad"]; k++ }
+    END { if (k == 0) { t = 0; e = 0; k = 1; b = 0 } printf "%.4f %.4f %d %.0f\n", t / k, e / k, link, b }' \
+    "$tmp/$name/log.csv"
+}
+
+echo "two-level vs flat dp reduction: 2 nodes x 2 ranks, links at $RATE, dp 4, $N_LAYER layers," \
+  "d_model $D_MODEL, vocab $VOCAB, T $SEQ_LEN, B 8 (micro 2), fp32; $steps steps x $rounds rounds"
+for zero in 0 1; do
+  # Start-up traffic (weights, the probe, the first collective's connections): one-step runs.
+  read -r _ _ start_flat _ < <(run "z${zero}_flat_1" mpi "$zero" 1)
+  read -r _ _ start_two _ < <(run "z${zero}_two_1" auto "$zero" 1)
+  : >"$tmp/z$zero.rows"
+  for ((r = 1; r <= rounds; r++)); do
+    order=(mpi auto)
+    ((r % 2 == 0)) && order=(auto mpi)
+    for comm in "${order[@]}"; do
+      read -r t e link flat < <(run "z${zero}_${comm}_$r" "$comm" "$zero" "$steps")
+      start=$([ "$comm" = mpi ] && echo "$start_flat" || echo "$start_two")
+      echo "$comm $t $e $(((link - start) / (steps - 1))) $flat" >>"$tmp/z$zero.rows"
+    done
+  done
+  /usr/bin/python3 - "$tmp/z$zero.rows" "$zero" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+D, N = 4, 2
+def pick(comm, i):
+    return [float(r[i]) for r in rows if r[0] == comm]
+print(f"\nZeRO {sys.argv[2]}:            step s   exposed dp s/step   link MB/step   formula MB/step")
+for comm, label in (("mpi", "flat ring"), ("auto", "two levels")):
+    t, e, link, flat = (pick(comm, i) for i in (1, 2, 3, 4))
+    formula = statistics.median(flat) * (N if comm == "mpi" else D * (N - 1) / (D - 1))
+    print(f"  {label:<18} {statistics.median(t):7.3f}   {statistics.median(e):8.3f} "
+          f"({min(e):.3f}-{max(e):.3f})   {statistics.median(link) / 1e6:9.1f}      {formula / 1e6:9.1f}")
+ratios = [a / b for a, b in zip(pick("mpi", 2), pick("auto", 2)) if b > 0]
+print(f"  flat / two levels, exposed dp time: median {statistics.median(ratios):.2f} "
+      f"(rounds {' '.join(f'{x:.2f}' for x in ratios)}); step time "
+      f"{statistics.median(pick('mpi', 1)) / statistics.median(pick('auto', 1)):.2f}")
+PY
+done
