@@ -107,13 +107,23 @@ TEST(CommHierarchical, CallsInFlightWaitedForInAnyOrder) {
 // its ranks on each; an MpiComm otherwise.
 TEST(CommHierarchical, TheFactoryTakesOnlyEvenMultiNodeGroups) {
   const int w = world_rank(), W = world_size();
-  EXPECT_EQ(HierarchicalComm::fits(MPI_COMM_WORLD, w / 2), W == 4);
-  EXPECT_FALSE(HierarchicalComm::fits(MPI_COMM_WORLD, 0));               // one node
-  EXPECT_FALSE(HierarchicalComm::fits(MPI_COMM_WORLD, w));               // one rank per node
-  EXPECT_FALSE(HierarchicalComm::fits(MPI_COMM_WORLD, w == 0 ? 0 : 1));  // 1 and W-1
-  const auto made = make_comm(MPI_COMM_WORLD, "test-h-factory", w / 2);
+  const NodeSpan pairs = W == 4 ? NodeSpan::two_level : NodeSpan::one_node;
+  EXPECT_EQ(node_span(MPI_COMM_WORLD, w / 2), pairs);
+  EXPECT_EQ(node_span(MPI_COMM_WORLD, 0), NodeSpan::one_node);
+  EXPECT_EQ(node_span(MPI_COMM_WORLD, w),
+            W == 1 ? NodeSpan::one_node : NodeSpan::flat);  // 1 per node
+  if (W == 4) {
+    EXPECT_EQ(node_span(MPI_COMM_WORLD, w == 0 ? 0 : 1), NodeSpan::flat);  // 1 and 3
+  }
+  const auto made = make_comm(MPI_COMM_WORLD, "test-h-factory", {w / 2, true, false});
   EXPECT_EQ(made->describe().rfind("hierarchical (", 0) == 0, W == 4) << made->describe();
-  EXPECT_EQ(make_comm(MPI_COMM_WORLD, "test-h-factory")->describe(), "mpi");
+  const std::string mpi = to_string(default_transport());
+  EXPECT_EQ(make_comm(MPI_COMM_WORLD, "test-h-factory", {w / 2, false, false})->describe(), mpi);
+  EXPECT_EQ(make_comm(MPI_COMM_WORLD, "test-h-factory")->describe(), mpi);
+  // NCCL where allowed is for CUDA builds: a CPU build's groups inside a node stay on MPI.
+  if (!nccl_available()) {
+    EXPECT_EQ(make_comm(MPI_COMM_WORLD, "test-h-factory", {0, true, true})->describe(), mpi);
+  }
   if (W == 4) {
     try {
       HierarchicalComm(MPI_COMM_WORLD, "test-h-uneven", w == 0 ? 0 : 1);

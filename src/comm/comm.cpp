@@ -82,7 +82,8 @@ void Comm::point_to_point(const char* op, int peer) {
   peer_ = peer;
 }
 
-void Comm::report_hang(const char* op, std::int64_t seq, double waited) const {
+void Comm::report_hang(const char* op, std::int64_t seq, double waited) {
+  on_hang();
   std::string who;
   if (seq == 0) {
     who = cat("; the peer is rank ",
@@ -512,9 +513,21 @@ Transport default_transport() {
   return mpi::cuda_aware() ? Transport::mpi : Transport::staged_mpi;
 }
 
-std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, int node) {
-  if (node >= 0 && comm != MPI_COMM_NULL && HierarchicalComm::fits(comm, node))
-    return std::make_unique<HierarchicalComm>(comm, std::move(name), node, default_transport());
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, CommChoice choice) {
+  if (choice.node >= 0 && comm != MPI_COMM_NULL && mpi::size(comm) > 1) {
+    switch (node_span(comm, choice.node)) {
+      case NodeSpan::one_node:
+        if (choice.nccl && nccl_available()) return make_nccl_comm(comm, std::move(name));
+        break;
+      case NodeSpan::two_level:
+        if (choice.two_level)
+          return std::make_unique<HierarchicalComm>(comm, std::move(name), choice.node,
+                                                    default_transport());
+        break;
+      case NodeSpan::flat:
+        break;
+    }
+  }
   return std::make_unique<MpiComm>(comm, std::move(name), default_transport());
 }
 

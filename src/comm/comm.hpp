@@ -243,11 +243,17 @@ class Comm {
                                  const std::vector<int>& recv_counts, DType t, Space where) = 0;
   // The world ranks of the members, in group order (the watchdog's report names them).
   std::vector<int> members_;
+  // A start that waited past run%hang_timeout for the group (an implementation whose starts
+  // can block): the watchdog's report on the operation being started, then the job ends.
+  [[noreturn]] void report_start_hang(double waited) { report_hang(op_, seq_, waited); }
+  // Called before the hang report ends the job: an implementation lets go of its transport.
+  virtual void on_hang() {}
 
  private:
   friend class Request;
-  friend class HierarchicalComm;                         // starts and counts its levels' operations
-  void count(double bytes);                              // one call sending `bytes`
+  friend class HierarchicalComm;  // starts and counts its levels' operations
+  friend class NcclComm;          // hands host-space buffers to an MpiComm (comm/nccl.cpp)
+  void count(double bytes);       // one call sending `bytes`
   void blocked(const char* what, double t0, double t1);  // caller waited [t0, t1]
   std::size_t total(const std::vector<int>& counts, const char* op) const;  // one per rank
   void check_peer(int peer) const;
@@ -257,7 +263,7 @@ class Comm {
   // fence), and, in the device guard build, the buffers are lent to the operation.
   void lend(Space where, std::initializer_list<Request::Loan> buffers);
   Request started(Started pending);  // the Request of the operation just started
-  [[noreturn]] void report_hang(const char* op, std::int64_t seq, double waited) const;
+  [[noreturn]] void report_hang(const char* op, std::int64_t seq, double waited);
 
   std::string name_;
   int size_ = 1, rank_ = 0;
@@ -326,9 +332,6 @@ class HierarchicalComm final : public Comm {
   // ranks of one node). Throws Error when the nodes hold different numbers of the ranks.
   HierarchicalComm(MPI_Comm comm, std::string name, int node, Transport transport = Transport::mpi);
   ~HierarchicalComm() override;
-  // Collective over `comm`: does it span several nodes with the same number, more than one,
-  // of its ranks on each (what make_comm asks before making one)?
-  static bool fits(MPI_Comm comm, int node);
   int nodes() const;           // N
   int ranks_per_node() const;  // L
   std::string describe() const override;
@@ -360,10 +363,37 @@ class HierarchicalComm final : public Comm {
 // memory, or a CUDA-aware MPI), else staged through host buffers.
 Transport default_transport();
 
-// Every Comm the program uses is made here, on default_transport(), over the group's
-// communicator (not owned). With `node` >= 0 (this rank's node) the call is collective over
-// the group, and a group that spans several nodes with the same number of its ranks (more
-// than one) on each becomes a HierarchicalComm; otherwise, and with node < 0, an MpiComm.
-std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, int node = -1);
+// NCCL (CUDA builds): a group inside one node, one GPU per rank. Collectives and messages go
+// on Kokkos' stream (after the kernels that wrote the buffers, with no fence needed) in one
+// ncclGroupStart/End per operation, so the grouped pieces of one call cannot deadlock; a
+// start is complete when an event recorded after it has passed. Per-rank counts are grouped
+// reduces (reduce-scatter) and broadcasts (all-gather): NCCL has no v-collectives. The
+// communicator is non-blocking, so a start that waits for a peer is watched by
+// run%hang_timeout and an asynchronous error is an Error, not a hang; host-space buffers go
+// to MPI. Single messages on tensor memory are refused (posted one by one on a stream, a ring
+// of them could deadlock, and NCCL has no tags): make_comm gives NCCL only to groups without
+// them. Collective over `comm`. Throws Error in a CPU build.
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm comm, std::string name);
+bool nccl_available();  // a CUDA build
+
+// How a group lies on the nodes, `node` being this rank's (collective over the group):
+// inside one node; over N > 1 nodes with the same L > 1 of its ranks on each (what a
+// HierarchicalComm takes); or over nodes otherwise.
+enum class NodeSpan { one_node, two_level, flat };
+NodeSpan node_span(MPI_Comm comm, int node);
+
+// What make_comm may choose for a group.
+struct CommChoice {
+  int node = -1;           // this rank's node; -1: one MPI communicator, whatever the group
+  bool two_level = false;  // a group spanning nodes may reduce in two levels
+  bool nccl = false;       // a group inside one node may use NCCL (CUDA builds)
+};
+
+// Every Comm the program uses is made here, over the group's communicator (not owned). With
+// choice.node >= 0 the call is collective over the group: a group spanning several nodes with
+// the same number of its ranks (more than one) on each becomes a HierarchicalComm where
+// choice.two_level allows; a group of more than one rank inside one node an NCCL Comm where
+// choice.nccl allows and the build has NCCL; anything else an MpiComm on default_transport().
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, CommChoice choice = {});
 
 }  // namespace ptrain

@@ -204,9 +204,10 @@ struct HierarchicalComm::Levels {
   Communicator whole, node, across;
 };
 
-bool HierarchicalComm::fits(MPI_Comm comm, int node) {
+NodeSpan node_span(MPI_Comm comm, int node) {
   const NodeMap m = node_map(comm, node);
-  return m.ranks.size() > 1 && m.ranks[0] > 1 && uniform(m);
+  if (m.ranks.size() == 1) return NodeSpan::one_node;
+  return m.ranks[0] > 1 && uniform(m) ? NodeSpan::two_level : NodeSpan::flat;
 }
 
 HierarchicalComm::Levels HierarchicalComm::split(MPI_Comm comm, const std::string& name, int node) {

@@ -52,10 +52,14 @@ std::vector<optim::Segment> decay_segments(const DataParallel<T>& dp) {
   return segs;
 }
 
-// The node make_comm groups a data-parallel reduction by (two levels where the group spans
-// nodes), or -1: one MPI communicator (backend%comm = 'mpi', or a group with nothing to do).
-int reduction_node(const Config& c, const Grid& grid, bool used = true) {
-  return c.backend.comm == "mpi" || !used ? -1 : grid.node();
+// What make_comm may choose for a group (backend%comm = 'mpi': one MPI communicator each).
+// `reduces`: a data-parallel reduction, which may go in two levels over nodes; `collective`:
+// no tagged messages (the pipeline's and the cp ring's are), so NCCL can carry it inside a
+// node on GPUs, one per rank (not with backend%share_gpus); `used`: it has work to do.
+CommChoice choice(const Config& c, const Grid& grid, bool reduces, bool collective,
+                  bool used = true) {
+  if (c.backend.comm == "mpi" || !used) return {};
+  return {grid.node(), reduces, collective && c.backend.device == "cuda" && !c.backend.share_gpus};
 }
 
 }  // namespace
@@ -98,14 +102,15 @@ template <class P>
 Trainer<P>::Trainer(const Config& config, const Grid& grid)
     : config_(config),
       grid_(grid),
-      dense_grad_(
-          make_comm(grid.comm(GroupKind::dense_grad), "dense-grad", reduction_node(config, grid))),
-      tp_(make_comm(grid.comm(GroupKind::tp), "tp")),
+      dense_grad_(make_comm(grid.comm(GroupKind::dense_grad), "dense-grad",
+                            choice(config, grid, true, true))),
+      tp_(make_comm(grid.comm(GroupKind::tp), "tp", choice(config, grid, false, true))),
       pp_(make_comm(grid.comm(GroupKind::pp), "pp")),
       cp_(make_comm(grid.comm(GroupKind::cp), "cp")),
-      ep_(make_comm(grid.comm(GroupKind::ep), "ep")),
+      ep_(make_comm(grid.comm(GroupKind::ep), "ep",
+                    choice(config, grid, false, true, config.model.n_expert > 0))),
       expert_grad_(make_comm(grid.comm(GroupKind::expert_grad), "expert-grad",
-                             reduction_node(config, grid, config.model.n_expert > 0))),
+                             choice(config, grid, true, true, config.model.n_expert > 0))),
       stats_(make_comm(grid.cart(), "stats")),
       stage_stats_(make_comm(grid.comm(GroupKind::pp), "stats")),
       data_(data::open_source(data::spec_from_config(config))),
@@ -141,7 +146,7 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
   // groups with this tp rank (the grid's embed group) sum its gradient.
   if (stages > 1 && grid.in_group(GroupKind::embed))
-    ends_ = make_comm(grid.comm(GroupKind::embed), "embed");
+    ends_ = make_comm(grid.comm(GroupKind::embed), "embed", choice(config, grid, false, true));
   // This rank's positions of every sample (all of them without context parallelism).
   if (coord.cp > 1)
     positions_ = model::sequence_positions(
