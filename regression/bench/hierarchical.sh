@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two-level against flat data-parallel reduction on 2 simulated nodes x 2 ranks (network
-# namespaces, regression/nodes/netns.sh), each node's link shaped to RATE (default 400mbit,
-# 50 MB/s: a tenth or less of what two ranks of one node move through shared memory), dp 4:
+# namespaces, regression/nodes/netns.sh), each node's link shaped to RATE (default 100mbit,
+# 12.5 MB/s, so that the link bounds the reduction: on a 2-core machine at 400mbit the four
+# spinning ranks bound it instead, and the two ran alike in exposed time), dp 4:
 # ZeRO 0 (all-reduce buckets behind the backward) and ZeRO 1 (reduce-scatter, all-gather),
 # each as one flat ring (backend%comm = 'mpi') and in two levels ('auto'), in alternating
 # order, ROUNDS times. Per run: the step time and the exposed dense-grad time per step (means
@@ -10,16 +11,16 @@
 # against the formula: flat, N crossing ring links each carrying the flat bytes of a rank;
 # two levels, D ranks each sending (N-1)/(D-1) of theirs across. Prints the medians and the
 # flat / two-level ratio of exposed time (the target is 1.3 or more), with the spread.
-#   regression/bench/hierarchical.sh [build/ptrain] [steps] [rounds]
-#   RATE=200mbit N_LAYER=4 D_MODEL=512 VOCAB=8192 regression/bench/hierarchical.sh
+#   regression/bench/hierarchical.sh [build/ptrain] [steps (5)] [rounds (2)]
+#   RATE=400mbit N_LAYER=4 D_MODEL=512 VOCAB=8192 regression/bench/hierarchical.sh
 # Needs root (ip netns, tc); GPT-2-small-like shapes, narrowed to run in minutes on 2 cores.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ptrain=${1:-$here/build/ptrain}
 steps=${2:-5}
-rounds=${3:-3}
+rounds=${3:-2}
 nodes=$here/regression/nodes/netns.sh
-RATE=${RATE:-400mbit} N_LAYER=${N_LAYER:-4} D_MODEL=${D_MODEL:-512} N_HEAD=${N_HEAD:-8}
+RATE=${RATE:-100mbit} N_LAYER=${N_LAYER:-4} D_MODEL=${D_MODEL:-512} N_HEAD=${N_HEAD:-8}
 VOCAB=${VOCAB:-8192} SEQ_LEN=${SEQ_LEN:-128}
 [ "$(id -u)" = 0 ] || { echo "hierarchical.sh: needs root (network namespaces)"; exit 2; }
 tmp=$(mktemp -d)
