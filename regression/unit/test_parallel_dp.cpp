@@ -116,6 +116,16 @@ RunRecord train(const Config& c, MPI_Comm comm, int ranks_per_node = 0) {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
 
+// |a - b| / |b| over whole vectors (the final weights of two runs).
+double rel_rms(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
 template <class T>
 void compare_with_one_rank(int zero, double tol, std::map<std::string, std::string> extra = {}) {
   extra["parallel%zero"] = std::to_string(zero);
@@ -134,12 +144,7 @@ void compare_with_one_rank(int zero, double tol, std::map<std::string, std::stri
     EXPECT_LT(rel(many.norm[s], one.norm[s]), tol) << "grad norm, step " << s + 1;
   }
   ASSERT_EQ(one.weights.size(), many.weights.size());
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < one.weights.size(); ++i) {
-    num += (many.weights[i] - one.weights[i]) * (many.weights[i] - one.weights[i]);
-    den += one.weights[i] * one.weights[i];
-  }
-  EXPECT_LT(std::sqrt(num / den), tol) << "final weights";
+  EXPECT_LT(rel_rms(many.weights, one.weights), tol) << "final weights";
   EXPECT_LT(rel(many.val_loss, one.val_loss), tol) << "validation loss after the last step";
   // The run must have learnt something, or equality would prove little.
   EXPECT_LT(one.loss.back(), one.loss.front());
@@ -265,12 +270,7 @@ TEST(DataParallel, HierarchicalReductionMatchesTheFlatOne) {
       EXPECT_DOUBLE_EQ(b.bytes[s], a.bytes[s]) << "the group's own row counts the same";
       EXPECT_EQ(a.intra_bytes[s] + a.inter_bytes[s], 0);
     }
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < a.weights.size(); ++i) {
-      num += (b.weights[i] - a.weights[i]) * (b.weights[i] - a.weights[i]);
-      den += a.weights[i] * a.weights[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 1e-12) << "final weights";
+    EXPECT_LT(rel_rms(b.weights, a.weights), 1e-12) << "final weights";
     // Per call of n elements the flat ring counts (D-1)/D n per rank (twice for an
     // all-reduce) and the node level (L-1)/L n: 2/3 of it, on every rank. Across the nodes a
     // rank carries (N-1)/N of its local index's chunk, uneven between ranks when ZeRO 3's

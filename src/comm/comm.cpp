@@ -514,10 +514,13 @@ Transport default_transport() {
 }
 
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, CommChoice choice) {
-  if (choice.node >= 0 && comm != MPI_COMM_NULL && mpi::size(comm) > 1) {
+  // Where neither is allowed (or possible) the node map is not even gathered.
+  const bool nccl = choice.nccl && nccl_available();
+  if (choice.node >= 0 && (choice.two_level || nccl) && comm != MPI_COMM_NULL &&
+      mpi::size(comm) > 1) {
     switch (node_span(comm, choice.node)) {
       case NodeSpan::one_node:
-        if (choice.nccl && nccl_available()) return make_nccl_comm(comm, std::move(name));
+        if (nccl) return make_nccl_comm(comm, std::move(name));
         break;
       case NodeSpan::two_level:
         if (choice.two_level)

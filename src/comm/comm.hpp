@@ -1,8 +1,8 @@
 // comm/comm.hpp — collectives and messages on one group of the grid (docs/ARCHITECTURE.md,
 // "Communication"). `Comm` is the interface callers see; `MpiComm` implements it with MPI,
-// `HierarchicalComm` with MPI in two levels for a group that spans nodes (NCCL is not written
-// yet). Every call but all_reduce_sum_now is non-blocking and returns a Request the caller
-// waits on, so overlap is explicit.
+// `HierarchicalComm` with MPI in two levels for a group that spans nodes, and in CUDA builds
+// make_nccl_comm with NCCL for a group inside one node. Every call but all_reduce_sum_now is
+// non-blocking and returns a Request the caller waits on, so overlap is explicit.
 //
 // Counting, the same for every implementation: each call adds the bytes this rank sends by
 // the algorithmic (ring) volume — all-reduce 2(D-1)/D*n, reduce-scatter and all-gather
@@ -381,6 +381,7 @@ bool nccl_available();  // a CUDA build
 // HierarchicalComm takes); or over nodes otherwise.
 enum class NodeSpan { one_node, two_level, flat };
 NodeSpan node_span(MPI_Comm comm, int node);
+NodeSpan node_span_of(const std::vector<int>& nodes);  // the same from each rank's node id
 
 // What make_comm may choose for a group.
 struct CommChoice {

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
-#include <tuple>
 
 #include "comm/buffer_pool.hpp"
 #include "comm/comm.hpp"
@@ -15,17 +14,21 @@ namespace ptrain {
 
 namespace {
 
-// Every rank's node id, gathered over the group, and each node's index in order of first
-// appearance.
+// Every rank's node id, gathered over the group.
+std::vector<int> gather_nodes(MPI_Comm comm, int node) {
+  std::vector<int> ids(std::size_t(mpi::size(comm)));
+  mpi::check(MPI_Allgather(&node, 1, MPI_INT, ids.data(), 1, MPI_INT, comm),
+             "MPI Allgather (node ids)");
+  return ids;
+}
+
+// Each node's index in order of first appearance among the group's node ids.
 struct NodeMap {
   std::vector<int> index;  // per group rank, its node's index 0..N-1
   std::vector<int> ranks;  // per node index, the group's ranks there
 };
 
-NodeMap node_map(MPI_Comm comm, int node) {
-  std::vector<int> ids(std::size_t(mpi::size(comm)));
-  mpi::check(MPI_Allgather(&node, 1, MPI_INT, ids.data(), 1, MPI_INT, comm),
-             "MPI Allgather (node ids)");
+NodeMap node_map(const std::vector<int>& ids) {
   NodeMap m;
   std::vector<int> seen;  // node ids by index
   for (int id : ids) {
@@ -62,6 +65,27 @@ std::size_t sum(const std::vector<int>& counts) {
   return std::size_t(std::accumulate(counts.begin(), counts.end(), std::int64_t(0)));
 }
 
+// A reduce-scatter's or all-gather's per-rank counts seen by local index l of L on each of
+// N nodes, ranks numbered local-major (rank j*N + k is local index j of node k).
+struct LocalMajor {
+  std::vector<int> chunks;  // per local index j, the counts of its N ranks together
+  std::vector<int> mine;    // per node k, the count of local index l's rank there
+  std::size_t base = 0;     // where local index l's chunk starts (elements)
+};
+
+LocalMajor local_major(const std::vector<int>& counts, int L, int N, int l) {
+  LocalMajor p;
+  p.chunks.assign(std::size_t(L), 0);
+  for (int j = 0; j < L; ++j)
+    for (int k = 0; k < N; ++k) {
+      const int c = counts[std::size_t(j * N + k)];
+      p.chunks[std::size_t(j)] += c;
+      if (j < l) p.base += std::size_t(c);
+      if (j == l) p.mine.push_back(c);
+    }
+  return p;
+}
+
 }  // namespace
 
 // --- the engine: lanes, tickets, operations in flight ---------------------------------------
@@ -84,18 +108,22 @@ class HierarchicalComm::Engine {
   };
   class Operation;
 
-  static constexpr int kPositions = 3;  // phases per call, at most
+  // Phase positions each level is used at: the node level at 0, 1 and 2 (an all-reduce's
+  // reduce-scatter and all-gather, an all-gather's second phase), across at 0 and 1.
+  static constexpr int kNodePositions = 3, kAcrossPositions = 2;
   // Lanes over `node` (the group's ranks on this node) and `across` (one per node), taken.
   Engine(Communicator node, Communicator across, const std::string& name, Transport transport) {
-    for (int p = 0; p < kPositions; ++p) {
-      for (auto [lanes, level, suffix] : {std::tuple{node_lanes_, &node, "-intra"},
-                                          std::tuple{across_lanes_, &across, "-inter"}}) {
+    const auto make = [&](Lane* lanes, int positions, const Communicator& level,
+                          const char* suffix) {
+      for (int p = 0; p < positions; ++p) {
         MPI_Comm dup = MPI_COMM_NULL;
-        mpi::check(MPI_Comm_dup(level->get(), &dup), "MPI Comm_dup (hierarchical lane)");
+        mpi::check(MPI_Comm_dup(level.get(), &dup), "MPI Comm_dup (hierarchical lane)");
         lanes[p].comm = Communicator(dup);
         lanes[p].ops = std::make_unique<MpiComm>(dup, name + suffix, transport);
       }
-    }
+    };
+    make(node_lanes_, kNodePositions, node, "-intra");
+    make(across_lanes_, kAcrossPositions, across, "-inter");
   }
   Lane& node(int position) { return node_lanes_[position]; }
   Lane& across(int position) { return across_lanes_[position]; }
@@ -119,7 +147,7 @@ class HierarchicalComm::Engine {
   std::vector<Operation*> in_flight;  // in the order of the group's calls
 
  private:
-  Lane node_lanes_[kPositions], across_lanes_[kPositions];
+  Lane node_lanes_[kNodePositions], across_lanes_[kAcrossPositions];
   comm_detail::BufferPool<Kokkos::DefaultExecutionSpace::memory_space> tensor_shards_;
   comm_detail::BufferPool<Kokkos::HostSpace> host_shards_;
 };
@@ -204,15 +232,17 @@ struct HierarchicalComm::Levels {
   Communicator whole, node, across;
 };
 
-NodeSpan node_span(MPI_Comm comm, int node) {
-  const NodeMap m = node_map(comm, node);
-  if (m.ranks.size() == 1) return NodeSpan::one_node;
+NodeSpan node_span_of(const std::vector<int>& nodes) {
+  const NodeMap m = node_map(nodes);
+  if (m.ranks.size() <= 1) return NodeSpan::one_node;
   return m.ranks[0] > 1 && uniform(m) ? NodeSpan::two_level : NodeSpan::flat;
 }
 
+NodeSpan node_span(MPI_Comm comm, int node) { return node_span_of(gather_nodes(comm, node)); }
+
 HierarchicalComm::Levels HierarchicalComm::split(MPI_Comm comm, const std::string& name, int node) {
   PTRAIN_REQUIRE(comm != MPI_COMM_NULL, "comm: group '", name, "' has no communicator here");
-  const NodeMap m = node_map(comm, node);
+  const NodeMap m = node_map(gather_nodes(comm, node));
   if (!uniform(m)) {
     const auto [lo, hi] = std::minmax_element(m.ranks.begin(), m.ranks.end());
     throw Error(cat("comm: group '", name, "' has ", *lo, " to ", *hi,
@@ -284,21 +314,18 @@ Comm::Started HierarchicalComm::do_reduce_scatter_sum(const void* send, void* re
                                                       Space where) {
   Engine& e = *engine_;
   Comm &node = *e.node(0).ops, &across = *e.across(0).ops;
-  const int L = node.size(), N = across.size(), l = node.rank();
+  const int L = node.size(), N = across.size();
   const std::size_t w = size_of(t);
-  std::vector<int> chunks(std::size_t(L), 0), mine(static_cast<std::size_t>(N));
-  for (int j = 0; j < L; ++j)
-    for (int k = 0; k < N; ++k) chunks[std::size_t(j)] += counts[std::size_t(j * N + k)];
-  for (int k = 0; k < N; ++k) mine[std::size_t(k)] = counts[std::size_t(l * N + k)];
-  const std::size_t chunk = std::size_t(chunks[std::size_t(l)]);
+  const LocalMajor p = local_major(counts, L, N, node.rank());
+  const std::size_t chunk = std::size_t(p.chunks[std::size_t(node.rank())]);
   node.count(double(L - 1) / L * double(sum(counts) * w));
   across.count(double(N - 1) / N * double(chunk * w));
   auto call = std::make_unique<Engine::Operation>(e, where, chunk * w);
   char* shard = call->shard();
   call->add(e.node(0),
-            [=](Comm& c) { return c.do_reduce_scatter_sum(send, shard, chunks, t, where); });
+            [=](Comm& c) { return c.do_reduce_scatter_sum(send, shard, p.chunks, t, where); });
   call->add(e.across(1),
-            [=](Comm& c) { return c.do_reduce_scatter_sum(shard, recv, mine, t, where); });
+            [=](Comm& c) { return c.do_reduce_scatter_sum(shard, recv, p.mine, t, where); });
   call->begin();
   return call;
 }
@@ -310,22 +337,15 @@ Comm::Started HierarchicalComm::do_all_gather(const void* send, void* recv,
                                               Space where) {
   Engine& e = *engine_;
   Comm &node = *e.node(0).ops, &across = *e.across(0).ops;
-  const int L = node.size(), N = across.size(), l = node.rank();
+  const int L = node.size(), N = across.size();
   const std::size_t w = size_of(t);
-  std::vector<int> chunks(std::size_t(L), 0), mine(static_cast<std::size_t>(N));
-  std::size_t base = 0;  // where local index l's chunk starts in recv (elements)
-  for (int j = 0; j < L; ++j)
-    for (int k = 0; k < N; ++k) {
-      chunks[std::size_t(j)] += counts[std::size_t(j * N + k)];
-      if (j < l) base += std::size_t(counts[std::size_t(j * N + k)]);
-    }
-  for (int k = 0; k < N; ++k) mine[std::size_t(k)] = counts[std::size_t(l * N + k)];
-  across.count(double(N - 1) / N * double(std::size_t(chunks[std::size_t(l)]) * w));
+  const LocalMajor p = local_major(counts, L, N, node.rank());
+  across.count(double(N - 1) / N * double(std::size_t(p.chunks[std::size_t(node.rank())]) * w));
   node.count(double(L - 1) / L * double(sum(counts) * w));
-  char* chunk = static_cast<char*>(recv) + base * w;
+  char* chunk = static_cast<char*>(recv) + p.base * w;
   auto call = std::make_unique<Engine::Operation>(e, where, 0);
-  call->add(e.across(0), [=](Comm& c) { return c.do_all_gather(send, chunk, mine, t, where); });
-  call->add(e.node(1), [=](Comm& c) { return c.do_all_gather(chunk, recv, chunks, t, where); });
+  call->add(e.across(0), [=](Comm& c) { return c.do_all_gather(send, chunk, p.mine, t, where); });
+  call->add(e.node(1), [=](Comm& c) { return c.do_all_gather(chunk, recv, p.chunks, t, where); });
   call->begin();
   return call;
 }

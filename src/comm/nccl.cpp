@@ -107,7 +107,10 @@ class NcclComm final : public Comm {
   // until the communicator has enqueued them (a non-blocking communicator returns before).
   Started enqueue(const char* what, const std::function<void()>& calls);
   void settle(const char* what);  // until the communicator is no longer in progress
-  void on_hang() override { ncclCommAbort(comm_), aborted_ = true; }
+  void on_hang() override {
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
 
   Started do_all_reduce(void* data, std::size_t n, DType t, ReduceOp op, Space where) override;
   Started do_reduce_scatter_sum(const void* send, void* recv, const std::vector<int>& counts,

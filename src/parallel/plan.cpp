@@ -8,6 +8,7 @@
 #include <set>
 #include <tuple>
 
+#include "comm/comm.hpp"
 #include "deck/deck.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/gemm.hpp"
@@ -1090,12 +1091,11 @@ NodeSplit node_split(const Config& config, const Layout& layout, GroupKind g) {
   const bool reduction =
       g == GroupKind::dense_grad || (g == GroupKind::expert_grad && config.model.n_expert > 0);
   if (reduction && config.backend.comm != "mpi") {
-    std::map<int, int> per_node;  // the make_comm rule: N > 1 nodes with the same L > 1 each
-    for (int r : m) ++per_node[layout.node(r)];
-    const int L = per_node.begin()->second, N = int(per_node.size());
-    if (N > 1 && L > 1 && n == N * L &&
-        std::all_of(per_node.begin(), per_node.end(), [&](auto& p) { return p.second == L; })) {
-      s.two_level_nodes = N, s.two_level_ranks = L;
+    std::vector<int> nodes;  // make_comm's rule, on the layout's node map
+    for (int r : m) nodes.push_back(layout.node(r));
+    if (node_span_of(nodes) == NodeSpan::two_level) {
+      const int N = int(std::set<int>(nodes.begin(), nodes.end()).size());
+      s.two_level_nodes = N, s.two_level_ranks = n / N;
       s.inter_share = double(N - 1) / double(n - 1);
       return s;
     }
@@ -1130,18 +1130,16 @@ std::string comm_section(const Config& config, const Layout& layout) {
                   format_bytes(c.bytes_per_step).c_str(), c.formula.c_str());
     line(row);
     const NodeSplit split = node_split(config, layout, c.group);
-    if (nodes && split.two_level_nodes > 0)
-      line(cat("  ", std::string(12, ' '), " intra-node ",
-               format_bytes(c.bytes_per_step * (1 - split.inter_share)), ", inter-node ",
-               format_bytes(c.bytes_per_step * split.inter_share), " (two levels: inside ",
-               split.two_level_nodes, " nodes of ", split.two_level_ranks,
-               ", then across them; backend%comm = 'mpi' makes it one ring)"));
-    else if (nodes && split.links > 0)
-      line(cat("  ", std::string(12, ' '), " intra-node ",
-               format_bytes(c.bytes_per_step * (1 - split.inter_share)), ", inter-node ",
-               format_bytes(c.bytes_per_step * split.inter_share), " (", split.crossing, " of ",
-               split.links, c.group == GroupKind::ep ? " peers" : " ring links",
-               " on another node)"));
+    if (!nodes || (split.two_level_nodes == 0 && split.links == 0)) continue;
+    const std::string how =
+        split.two_level_nodes > 0
+            ? cat("two levels: inside ", split.two_level_nodes, " nodes of ", split.two_level_ranks,
+                  ", then across them; backend%comm = 'mpi' makes it one ring")
+            : cat(split.crossing, " of ", split.links,
+                  c.group == GroupKind::ep ? " peers" : " ring links", " on another node");
+    line(cat("  ", std::string(12, ' '), " intra-node ",
+             format_bytes(c.bytes_per_step * (1 - split.inter_share)), ", inter-node ",
+             format_bytes(c.bytes_per_step * split.inter_share), " (", how, ")"));
   }
   if (par.tp > 1) {
     // Per block and micro-batch: two all-reduces of (b, s, h) each way (with sequence
