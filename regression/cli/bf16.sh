@@ -48,9 +48,9 @@ else
   echo "shakespeare.nml: skipped ($text is not here)"
 fi
 
-# 2. bf16 gradients: half the data-parallel bytes (ZeRO 0: the all-reduce moves gradients only),
-# the same training within 1%.
-g=(--set model%dtype="'bf16'" --set run%eval_every=0 --set train%micro_batch=8)
+# 2. bf16 gradients over 100 steps: half the data-parallel bytes (ZeRO 0: the all-reduce moves
+# gradients only), the same training within 1%.
+g=(--set model%dtype="'bf16'" --set run%eval_every=0 --set train%micro_batch=8 --set run%steps=100)
 run 2 g32 "$deck" "${g[@]}"
 run 2 g16 "$deck" "${g[@]}" --set parallel%grad_dtype="'bf16'"
 compare_traffic() {  # compare_traffic KEY REF RUN LO HI: RUN's dense-grad bytes in (LO, HI) of
