@@ -289,10 +289,10 @@ void log_model_and_data(const Config& config, const parallel::Trainer<P>& traine
 
 // Rank 0's measured peak of every memory category, with --plan's prediction for its shard
 // beside it.
-void log_memory_peaks(const Config& config) {
+void log_memory_peaks(const Config& config, const Grid& grid) {
   const MemoryStats m = memory::stats();
-  const parallel::MemoryEstimate plan =
-      parallel::estimate_memory(config, parallel::plan_shard(config, 0, 0, 0));
+  const parallel::MemoryEstimate plan = parallel::estimate_memory(
+      config, parallel::plan_shard(config, 0, 0, 0, grid.ranks_per_node()));
   std::string parts;
   for (std::size_t c = 0; c < std::size_t(MemCategory::count); ++c)
     parts += cat(c ? ", " : "", to_string(MemCategory(c)), " ", format_bytes(double(m.peak[c])),
@@ -365,7 +365,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const double seconds = wall_seconds() - t0;
   const double tok_s = busy > 0 ? tokens / busy : 0;
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;
-  log_memory_peaks(config);  // before the second probe, whose buffers are not the run's
+  log_memory_peaks(config, grid);  // before the second probe, whose buffers are not the run's
   if (bench && config.backend.peak_gflops <= 0) log_probe_after(config, peak, gflops / world);
   log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds), "; final loss ",
                 fixed("%.4f", last_loss),

@@ -7,7 +7,9 @@
 #     dp 4 with ZeRO 2 over both nodes: the dense-grad group reduces in two levels (the log
 #     says so, and log.csv has the levels' bytes, 2/3 and 1/3 of the flat ring's), trains as
 #     one rank does, and its checkpoint (shards owned in the two-level numbering) resumes on
-#     one rank with the same losses;
+#     one rank with the same losses; the same with hybrid sharding (ZeRO 2 shards inside each
+#     node, zero_scope = 'node'): its groups in the log, its shard's bytes across the link,
+#     optimizer memory as the plan says, and its checkpoint (one replica writes) on one rank;
 #  2. strict_topology refuses tp 4, which would cross the link (exit 2, one line);
 #  3. taking one node's link down mid-run ends the job within run%hang_timeout (plus the time
 #     to tear down), with the watchdog naming the group and the ranks that have not arrived.
@@ -71,6 +73,34 @@ PY
 "$PTRAIN" "$deck" "${steps[@]}" --set checkpoint%restart="'$tmp/dp4/checkpoints/ckpt_00000005.h5'" \
   --set run%out_dir="'$tmp/dp4_to_1'" >"$tmp/dp4_to_1.log" 2>&1 || fail "dp4 -> 1 rank: $(tail -3 "$tmp/dp4_to_1.log")"
 same_as_one dp4_to_1 "dp4 ZeRO 2 checkpoint at step 5 resumed on one rank"
+
+# Hybrid sharding: ZeRO 2 shards inside each node, replicated across (2 micro-batches a step).
+# Each rank all-reduces its shard across the link once a step: rank 0's is half the model,
+# 2(N-1)/N of it is N/2 * 8 bytes (fp64); a two-level ZeRO 2 would send that per micro-batch
+# and again for the parameter gather.
+timeout 300 "$nodes" run 2 -np 4 "$PTRAIN" "$deck" "${steps[@]}" --set parallel%dp=4 \
+  --set parallel%zero=2 --set parallel%zero_scope="'node'" --set train%micro_batch=1 \
+  --set checkpoint%every=5 --set run%out_dir="'$tmp/hybrid'" >"$tmp/hybrid.log" 2>&1 ||
+  fail "dp4 ZeRO 2 node scope over 2 nodes: $(tail -5 "$tmp/hybrid.log")"
+grep -q "^comm: rank 0's groups: dense-grad hierarchical (2 nodes x 2 ranks, mpi), dense-grad-intra mpi, dense-grad-inter mpi$" "$tmp/hybrid.log" ||
+  fail "hybrid sharding's groups: $(grep '^comm:' "$tmp/hybrid.log")"
+same_as_one hybrid "dp4 ZeRO 2, shards inside the node (zero_scope = 'node')"
+params=$(sed -n 's/^model: \([0-9]*\) parameters.*/\1/p' "$tmp/hybrid.log")
+/usr/bin/python3 - "$tmp/hybrid/log.csv" "$params" <<'PY' || fail "hybrid sharding's inter-node bytes"
+import csv, sys
+n = int(sys.argv[2])
+for r in list(csv.DictReader(open(sys.argv[1])))[1:]:
+    inter = float(r["bytes_dense_grad_inter"])
+    if inter != (n + 1) // 2 * 8:
+        sys.exit(f"step {r['step']}: {inter} bytes across, expected {(n + 1) // 2 * 8}")
+print(f"nodes: hybrid sharding sends {(n + 1) // 2 * 8} bytes a step across the link from rank 0")
+PY
+grep -Eq "^memory: .*optimizer ([0-9.]+ [KMG]?i?B) \(plan \1\)" "$tmp/hybrid.log" ||
+  fail "hybrid sharding's optimizer memory is not the plan's: $(grep '^memory:' "$tmp/hybrid.log")"
+"$PTRAIN" "$deck" "${steps[@]}" --set checkpoint%restart="'$tmp/hybrid/checkpoints/ckpt_00000005.h5'" \
+  --set run%out_dir="'$tmp/hybrid_to_1'" >"$tmp/hybrid_to_1.log" 2>&1 ||
+  fail "hybrid -> 1 rank: $(tail -3 "$tmp/hybrid_to_1.log")"
+same_as_one hybrid_to_1 "the hybrid checkpoint at step 5 resumed on one rank"
 
 # 2. tp across the link, refused with strict_topology.
 rc=0

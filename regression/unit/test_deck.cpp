@@ -667,6 +667,15 @@ TEST(DeckValidate, CrossFieldErrors) {
        },
        "parallel%wire_dtype = 'bf16' needs parallel%zero >= 2 (got 1): the bf16 wire is ZeRO 2/3's "
        "reduce-scatter, summed in fp32 where it arrives; ZeRO 0/1 all-reduce in the gradient type"},
+      {1, [](Config& c) { c.parallel.zero_scope = "node"; },
+       "parallel%zero_scope = 'node' places ZeRO shards: it needs parallel%zero >= 1 (got 0)"},
+      {2,
+       [](Config& c) {
+         c.parallel.zero_scope = "node", c.parallel.zero = 1, c.parallel.ep = 2;
+         c.model.n_expert = 2, c.train.micro_batch = 8;
+       },
+       "parallel%zero_scope = 'node' is not implemented with experts split over ep "
+       "(parallel%ep = 2); use 'global'"},
       {1, [](Config& c) { c.model.dtype = "fp64", c.parallel.grad_dtype = "fp32"; },
        "parallel%grad_dtype = 'fp32' needs model%dtype = 'bf16' (got 'fp64'); leave it 'auto' for "
        "an fp64 model"},

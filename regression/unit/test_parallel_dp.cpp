@@ -286,6 +286,79 @@ TEST(DataParallel, HierarchicalReductionMatchesTheFlatOne) {
   }
 }
 
+// Hybrid sharding (parallel%zero_scope = 'node') over 2 simulated nodes of 2 ranks, two
+// micro-batches a step: ZeRO 1-3 train as the global shards do (fp64, 1e-12), over a flat
+// dense-grad group and a two-level one. Shards are cut over the L = 2 ranks of a node: the
+// node level carries ZeRO 2/3's reduce-scatters and the parameter gathers, (L-1)/L n each
+// (ZeRO 1 keeps its all-reduce over the whole group); across the nodes each rank all-reduces
+// its shard once a step, 2(N-1)/N of it, N n in all over the 4 ranks.
+TEST(DataParallel, HybridShardingMatchesTheGlobalShards) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 2 nodes of 2 ranks";
+  const std::string mpi = to_string(default_transport());
+  for (int z = 1; z <= 3; ++z) {
+    for (const char* comm : {"'mpi'", "'auto'"}) {
+      SCOPED_TRACE(testing::Message() << "ZeRO " << z << ", backend%comm = " << comm);
+      std::map<std::string, std::string> kv = {
+          {"parallel%zero", std::to_string(z)}, {"train%micro_batch", "1"}, {"backend%comm", comm}};
+      const RunRecord a = train<double>(config_for(4, kv), MPI_COMM_WORLD, 2);
+      kv["parallel%zero_scope"] = "'node'";
+      const Config c = config_for(4, kv);
+      const RunRecord b = train<double>(c, MPI_COMM_WORLD, 2);
+      const std::string whole = std::string(comm) == "'mpi'"
+                                    ? "dense-grad " + mpi
+                                    : "dense-grad hierarchical (2 nodes x 2 ranks, " + mpi + ")";
+      EXPECT_EQ(b.transports, whole + ", dense-grad-intra " + mpi + ", dense-grad-inter " + mpi);
+      for (std::size_t s = 0; s < a.loss.size(); ++s) {
+        EXPECT_LT(rel(b.loss[s], a.loss[s]), 1e-12) << "loss, step " << s + 1;
+        EXPECT_LT(rel(b.norm[s], a.norm[s]), 1e-12) << "grad norm, step " << s + 1;
+      }
+      EXPECT_LT(rel_rms(b.weights, a.weights), 1e-12) << "final weights";
+      EXPECT_LT(std::abs(b.val_loss - a.val_loss), 1e-12 * std::abs(a.val_loss));
+      if (std::string(comm) != "'mpi'") continue;
+      // The levels' formulas (the flat group's own row counts only ZeRO 1's all-reduce).
+      const auto layout = model::build_layout(c, {}).at(0);
+      const double N = double(layout.numel), w = 8, L = 2, m = 2;
+      const double Npad = double((layout.numel + 1) / 2 * 2);
+      double emb = 0;
+      for (const auto& u : model::units_of(layout))
+        if (u.kind == model::Unit::embedding) emb = double(u.hi - u.lo);
+      const double ring = (L - 1) / L;
+      const double node[4] = {0, ring * Npad * w, m * ring * N * w + ring * Npad * w,
+                              m * ring * N * w + m * ring * 2 * (N - emb) * w + ring * emb * w};
+      for (std::size_t s = 0; s < b.loss.size(); ++s) {
+        EXPECT_DOUBLE_EQ(b.bytes[s], z == 1 ? 2 * 0.75 * N * w : 0.0) << "step " << s + 1;
+        EXPECT_DOUBLE_EQ(b.intra_bytes[s], node[z]) << "inside the node, step " << s + 1;
+        double across = b.inter_bytes[s];
+        MPI_Allreduce(MPI_IN_PLACE, &across, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        EXPECT_DOUBLE_EQ(across, z == 1 ? 0.0 : 2 * N * w) << "across the nodes, step " << s + 1;
+      }
+    }
+  }
+}
+
+// The same with a pipeline whose tied embedding is summed over both ends' replicas: pp 2 x
+// dp 2, the stage axis fastest, so each dense-grad group has one rank on each node (L = 1:
+// every shard whole, replicated over 2 nodes).
+TEST(DataParallel, HybridShardingWithAPipelineMatchesTheGlobalShards) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 2 nodes of 2 ranks";
+  for (int z = 1; z <= 3; ++z) {
+    SCOPED_TRACE(testing::Message() << "ZeRO " << z);
+    std::map<std::string, std::string> kv = {{"parallel%zero", std::to_string(z)},
+                                             {"parallel%pp", "2"},
+                                             {"parallel%order", "'p','t','c','e','d'"},
+                                             {"train%micro_batch", "1"}};
+    const RunRecord a = train<double>(config_for(4, kv), MPI_COMM_WORLD, 2);
+    kv["parallel%zero_scope"] = "'node'";
+    const RunRecord b = train<double>(config_for(4, kv), MPI_COMM_WORLD, 2);
+    EXPECT_NE(b.transports.find("dense-grad-inter"), std::string::npos) << b.transports;
+    for (std::size_t s = 0; s < a.loss.size(); ++s) {
+      EXPECT_LT(rel(b.loss[s], a.loss[s]), 1e-12) << "loss, step " << s + 1;
+      EXPECT_LT(rel(b.norm[s], a.norm[s]), 1e-12) << "grad norm, step " << s + 1;
+    }
+    EXPECT_LT(rel_rms(b.weights, a.weights), 1e-12) << "final weights";
+  }
+}
+
 TEST(DataParallel, ShardedStateUsesItsShareOfMemory) {
   const int D = world_size();
   if (D == 1) GTEST_SKIP() << "needs more than one rank";

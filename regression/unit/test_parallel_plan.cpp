@@ -420,6 +420,46 @@ TEST(Fit, LargestShardIsTheLargestStage) {
   EXPECT_GT(big.bytes, parallel::estimate_memory(c, parallel::plan_shard(c, 0, 1, 0)).total());
 }
 
+// Hybrid sharding: dp 8 on 2 ranks per node, ZeRO 1-3 shards over the 2 ranks of a node
+// (4 replicas): each sharded category 4x its global share; across the nodes ZeRO 2/3 send
+// 2(N-1)/N of the 1/L shard once a step, and nothing stays unaccounted.
+TEST(Plan, HybridShardingShardsOverTheNode) {
+  const std::vector<std::string> keys = {
+      "model%n_layer=2",  "model%d_model=64",    "model%n_head=4",       "model%vocab=64",
+      "model%seq_len=32", "train%micro_batch=1", "train%global_batch=16"};
+  for (int z = 1; z <= 3; ++z) {
+    SCOPED_TRACE(testing::Message() << "ZeRO " << z);
+    const std::string zero = "parallel%zero=" + std::to_string(z);
+    const Config global = with_sets(keys, {zero}, 8);
+    const Config node = with_sets(keys, {zero, "parallel%zero_scope='node'"}, 8);
+    EXPECT_EQ(parallel::plan_shard(node, 0, 0, 0, 2).zero_shards, 2);
+    EXPECT_EQ(parallel::plan_shard(global, 0, 0, 0, 2).zero_shards, 0);
+    const auto g = parallel::estimate_memory(global, parallel::plan_shard(global, 0, 0, 0, 2));
+    const auto h = parallel::estimate_memory(node, parallel::plan_shard(node, 0, 0, 0, 2));
+    const int sharded[3][3] = {
+        {int(MemCategory::optimizer)},
+        {int(MemCategory::optimizer), int(MemCategory::grads)},
+        {int(MemCategory::optimizer), int(MemCategory::grads), int(MemCategory::params)}};
+    for (int k = 0; k < z; ++k) {
+      const int c = sharded[z - 1][k];
+      EXPECT_NEAR(h.bytes[std::size_t(c)] / g.bytes[std::size_t(c)], 4.0, 0.01) << "category " << c;
+    }
+    const auto comm = parallel::estimate_comm(node, parallel::plan_shard(node, 0, 0, 0, 2));
+    const auto& dp = comm.at(0);
+    ASSERT_EQ(dp.group, GroupKind::dense_grad);
+    const double n = double(h.local_params) * 4, ring_l = 0.5, ring_nodes = 0.75, m = 2;
+    EXPECT_DOUBLE_EQ(dp.inter_only, z == 1 ? 0.0 : 2 * ring_nodes * n / 2);
+    const double gather = z == 3 ? 0 : ring_l * n;
+    if (z == 1) {
+      EXPECT_DOUBLE_EQ(dp.bytes_per_step, 2 * 7.0 / 8 * n + gather);
+    } else if (z == 2) {
+      EXPECT_DOUBLE_EQ(dp.intra_only, m * ring_l * n + gather);
+    }
+    EXPECT_DOUBLE_EQ(dp.bytes_per_step - dp.intra_only - dp.inter_only,
+                     z == 1 ? 2 * 7.0 / 8 * n : 0.0);
+  }
+}
+
 TEST(Fit, PipelineMessageBuffersAndTheTiedSumAreComm) {
   // pp = 2, 1F1B, m = 4 micro-batches of 2: rank 0 holds two message buffers (a send still in
   // flight when the next gradient's receive is posted), each one stage input 2*32*64 floats,

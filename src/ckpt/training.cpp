@@ -60,15 +60,19 @@ TensorPredicate weights_holder(const Grid& grid) {
 
 // Checkpoints: each rank owns the parameters and AdamW moments over its optimizer range
 // (the whole chunk under ZeRO 0, its shard otherwise). One holder writes each element: any
-// rank under ZeRO >= 1 (shards are disjoint), the first replica under ZeRO 0; tp rank 0 for
-// tensors every tp rank holds whole.
-TensorPredicate state_holder(const Config& config, const Grid& grid) {
+// rank under ZeRO >= 1 (shards are disjoint; with zero_scope = 'node' the first replica of
+// each), the first replica under ZeRO 0; tp rank 0 for tensors every tp rank holds whole.
+template <class P>
+TensorPredicate state_holder(const Config& config, const Grid& grid,
+                             parallel::Trainer<P>& trainer) {
   const bool sharded = config.parallel.zero >= 1;
+  const bool first_of_shard = trainer.data_parallel(0).replica() == 0;
   const bool first_dc = grid.coord(Axis::d) == 0 && grid.coord(Axis::c) == 0;
   const bool first_replica = first_dc && grid.coord(Axis::e) == 0;
   const bool tp_root = grid.coord(Axis::t) == 0;
-  return [sharded, first_dc, first_replica, tp_root](const model::TensorSpec& t) {
-    return (sharded || (t.expert ? first_dc : first_replica)) && (tp_root || !t.tp_replicated());
+  return [=](const model::TensorSpec& t) {
+    return (sharded ? first_of_shard : (t.expert ? first_dc : first_replica)) &&
+           (tp_root || !t.tp_replicated());
   };
 }
 
@@ -211,7 +215,7 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>
   const auto state = users_file<CheckpointState>([&] {
     const OwnedState<T> owned = owned_state<T>(trainer);  // written back as it ends
     return load_checkpoint<T>(config.checkpoint.restart, checkpoint_dir(config), MPI_COMM_WORLD,
-                              trainer.layouts(), owned.buffers, state_holder(config, grid),
+                              trainer.layouts(), owned.buffers, state_holder(config, grid, trainer),
                               &report);
   });
   for (int c = 0; c < trainer.chunks(); ++c) {
@@ -243,8 +247,8 @@ void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer,
       {"compute_dtype", config.model.dtype}, {"run", config.run.name}};
   const auto report =
       save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
-                         owned_state<const T>(trainer).buffers, state_holder(config, grid), state,
-                         attrs, int(config.checkpoint.keep));
+                         owned_state<const T>(trainer).buffers, state_holder(config, grid, trainer),
+                         state, attrs, int(config.checkpoint.keep));
   log::info(cat("checkpoint: step ", step, " ", saved(report)));
 }
 
@@ -259,7 +263,7 @@ void save_final(const Config& config, const Grid& grid, parallel::Trainer<P>& tr
                                                  {"step", std::to_string(config.run.steps)}};
   const auto report = save_owned_weights<T>(path, MPI_COMM_WORLD, trainer.layouts(),
                                             owned_state<const T>(trainer, false).buffers,
-                                            state_holder(config, grid), attrs);
+                                            state_holder(config, grid, trainer), attrs);
   log::info(cat("checkpoint: final weights ", saved(report)));
 }
 

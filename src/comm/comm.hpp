@@ -383,6 +383,17 @@ enum class NodeSpan { one_node, two_level, flat };
 NodeSpan node_span(MPI_Comm comm, int node);
 NodeSpan node_span_of(const std::vector<int>& nodes);  // the same from each rank's node id
 
+// A group's ranks on this rank's node (numbered in group order) and its ranks of the same
+// local index on every node (in node order), for a group with the same number of ranks on
+// each node; Error(kExitInput) "comm: group '<name>' has 1 to 3 ranks per node; <needs> needs
+// the same number on each node" otherwise. Collective over `comm`.
+struct NodeLevels {
+  Communicator node, across;
+  int node_index = 0, local = 0;  // this rank's node (0..nodes-1, by first rank) and place in it
+  int nodes = 1;
+};
+NodeLevels node_levels(MPI_Comm comm, const std::string& name, int node, const std::string& needs);
+
 // What make_comm may choose for a group.
 struct CommChoice {
   int node = -1;           // this rank's node; -1: one MPI communicator, whatever the group

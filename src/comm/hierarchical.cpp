@@ -240,22 +240,32 @@ NodeSpan node_span_of(const std::vector<int>& nodes) {
 
 NodeSpan node_span(MPI_Comm comm, int node) { return node_span_of(gather_nodes(comm, node)); }
 
-HierarchicalComm::Levels HierarchicalComm::split(MPI_Comm comm, const std::string& name, int node) {
+NodeLevels node_levels(MPI_Comm comm, const std::string& name, int node, const std::string& needs) {
   PTRAIN_REQUIRE(comm != MPI_COMM_NULL, "comm: group '", name, "' has no communicator here");
   const NodeMap m = node_map(gather_nodes(comm, node));
   if (!uniform(m)) {
     const auto [lo, hi] = std::minmax_element(m.ranks.begin(), m.ranks.end());
-    throw Error(cat("comm: group '", name, "' has ", *lo, " to ", *hi,
-                    " ranks per node; a hierarchical group needs the same number on each node"));
+    throw Error(cat("comm: group '", name, "' has ", *lo, " to ", *hi, " ranks per node; ", needs,
+                    " needs the same number on each node"),
+                kExitInput);
   }
   const int me = mpi::rank(comm), N = int(m.ranks.size());
-  const int n = m.index[std::size_t(me)];
-  const int l = int(std::count(m.index.begin(), m.index.begin() + me, n));  // local index
-  Levels lv;
-  lv.whole = split_comm(comm, 0, l * N + n, "hierarchical group");
-  lv.node = split_comm(comm, n, l, "inside the node");
-  lv.across = split_comm(comm, l, n, "across the nodes");
+  NodeLevels lv;
+  lv.node_index = m.index[std::size_t(me)];
+  lv.local = int(std::count(m.index.begin(), m.index.begin() + me, lv.node_index));
+  lv.nodes = N;
+  lv.node = split_comm(comm, lv.node_index, lv.local, "inside the node");
+  lv.across = split_comm(comm, lv.local, lv.node_index, "across the nodes");
   return lv;
+}
+
+HierarchicalComm::Levels HierarchicalComm::split(MPI_Comm comm, const std::string& name, int node) {
+  NodeLevels lv = node_levels(comm, name, node, "a hierarchical group");
+  Levels out;
+  out.whole = split_comm(comm, 0, lv.local * lv.nodes + lv.node_index, "hierarchical group");
+  out.node = std::move(lv.node);
+  out.across = std::move(lv.across);
+  return out;
 }
 
 HierarchicalComm::HierarchicalComm(MPI_Comm comm, std::string name, int node, Transport transport)

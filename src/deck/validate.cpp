@@ -233,6 +233,16 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   if (g != "auto" && g != m.dtype && !(g == "fp32" && m.dtype == "bf16"))
     ck.fail(cat("parallel%grad_dtype = ", q(g), " needs model%dtype = 'bf16' (got ", q(m.dtype),
                 "); leave it 'auto' for an ", m.dtype, " model"));
+  if (c.parallel.zero_scope == "node") {
+    ck.require(c.parallel.zero >= 1,
+               cat("parallel%zero_scope = 'node' places ZeRO shards: it needs parallel%zero >= 1 "
+                   "(got ",
+                   c.parallel.zero, ")"));
+    ck.require(c.parallel.ep == 1,
+               cat("parallel%zero_scope = 'node' is not implemented with experts split over ep "
+                   "(parallel%ep = ",
+                   c.parallel.ep, "); use 'global'"));
+  }
   if (c.parallel.wire_dtype == "bf16") {
     ck.require(
         m.dtype == "bf16",

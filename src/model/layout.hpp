@@ -48,6 +48,9 @@ struct ShardCoord {
   int c = 0, cp = 1;      // context-parallel rank and size
   bool cp_zigzag = true;  // parallel%cp_layout: zigzag (else contiguous)
   int virtual_stages = 1;
+  // Ranks a ZeRO shard of the dense parameters is cut over: 0 for the whole dense-grad group,
+  // else (parallel%zero_scope = 'node') its ranks on one node.
+  int zero_shards = 0;
 };
 
 // A run of consecutive sequence positions a context-parallel rank holds: local rows

@@ -253,6 +253,7 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
       K::fill(slice(w->buf.view(), 0, u.hi - u.lo), G(0));
       w->unit = unit;
       w->open = true;
+      w->last = last_micro_;
     }
     return slice(w->buf.view(), 0, u.hi - u.lo);
   }
@@ -305,6 +306,7 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
 
   // --- step control ---------------------------------------------------------------------
   void begin_step() {
+    PTRAIN_REQUIRE(across_reqs_.empty(), "data parallel: cross-node reductions left in flight");
     K::fill((dp_.zero_ <= 1 ? grads_ : owned_grads_).view(), G(0));
     done_early_bytes_ = total_bytes_ = 0;
   }
@@ -344,6 +346,10 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
     } else {
       fold(grad_emb_);
       for (auto& w : grad_slots_) fold(w);
+      if (across_bytes_ > 0 && test_all(across_reqs_)) done_early_bytes_ += across_bytes_;
+      total_bytes_ += across_bytes_;
+      wait_all(across_reqs_);
+      across_bytes_ = 0;
     }
     dp_.overlap_ = total_bytes_ > 0 ? done_early_bytes_ / total_bytes_ : 1.0;
   }
@@ -370,7 +376,7 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
       const auto& sp = map_.spaces[0];
       std::vector<int> counts(std::size_t(sp.D), int(sp.shard));
       T* full = params_.data();
-      reqs.push_back(dp_.group_.all_gather(full + sp.r * sp.shard, full, counts));
+      reqs.push_back(dp_.shards_.all_gather(full + sp.r * sp.shard, full, counts));
     } else {
       gather_range(params_.data(), 0, map_.runs.empty() ? 0 : map_.runs.back().hi, reqs);
     }
@@ -400,6 +406,7 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
     TrackedView<bf16> wire_send, wire_recv;  // the bf16 wire (gradient windows only)
     int unit = -1;
     bool open = false, pending_fold = false;
+    bool last = false;  // opened in the step's last micro-batch
     std::vector<Request> reqs;
   };
 
@@ -410,14 +417,18 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
     return slice(whole.view(), sp.r * sp.shard, (sp.r + 1) * sp.shard);
   }
 
+  // What a run's shards are cut over (reduce-scatters, all-gathers): the dense space's
+  // shard group, or the expert-grad group.
   Comm& group(const ShardMap::Run& run) const {
-    return run.space == 0 ? dp_.group_ : *dp_.experts_;
+    return run.space == 0 ? dp_.shards_ : *dp_.experts_;
   }
 
-  // A bucket is all-reduced run by run: expert runs over the expert-grad group.
+  // A bucket is all-reduced run by run over the whole of its space's group: expert runs over
+  // the expert-grad group.
   void launch(Bucket& b) {
     map_.for_each_run(b.lo, b.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t e) {
-      b.reqs.push_back(group(run).all_reduce_sum(grads_.data() + a, std::size_t(e - a)));
+      Comm& all = run.space == 0 ? dp_.group_ : *dp_.experts_;
+      b.reqs.push_back(all.all_reduce_sum(grads_.data() + a, std::size_t(e - a)));
     });
     b.launched = true;
   }
@@ -464,6 +475,7 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
                             at += wire_block_stride(c);
                           });
         w.pending_fold = false;
+        reduce_across(w);
         return;
       }
     }
@@ -474,6 +486,22 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
                    slice(w.recv.view(), a - u.lo, a - u.lo + c.mine));
     });
     w.pending_fold = false;
+    reduce_across(w);
+  }
+
+  // zero_scope = 'node': after the last micro-batch's fold of a unit its part of the shard
+  // holds this node's sum; the replicas add theirs (started in fold order, the same on every
+  // rank: the backward's order).
+  void reduce_across(const Window<G>& w) {
+    if (!dp_.replicas_ || !w.last) return;
+    const Unit& u = units_[std::size_t(w.unit)];
+    map_.for_each_run(u.lo, u.hi, [&](const ShardMap::Run& run, std::int64_t a, std::int64_t b) {
+      const ShardMap::Cut c = map_.cut(run, a, b);
+      if (c.mine == 0) return;
+      across_reqs_.push_back(
+          dp_.replicas_->all_reduce_sum(owned_grads_.data() + c.at, std::size_t(c.mine)));
+      across_bytes_ += double(c.mine) * sizeof(G);
+    });
   }
 
   // Lets MPI advance the collectives in flight (no progress thread in Open MPI).
@@ -483,6 +511,7 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
     if (grad_emb_.pending_fold) test_all(grad_emb_.reqs);
     for (auto& w : grad_slots_)
       if (w.pending_fold) test_all(w.reqs);
+    test_all(across_reqs_);
   }
 
   DataParallel& dp_;
@@ -494,6 +523,8 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
   Window<G> grad_emb_, grad_slots_[2];
   Window<T> param_emb_, param_slots_[2];
   int next_grad_slot_ = 0, current_ = -1;
+  std::vector<Request> across_reqs_;  // zero_scope = 'node': the shard's sums across nodes
+  double across_bytes_ = 0;
   double done_early_bytes_ = 0, total_bytes_ = 0;
 };
 
@@ -501,8 +532,11 @@ class DataParallel<P>::Store : public model::ParamStore<P> {
 
 template <class P>
 DataParallel<P>::DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
-                              Comm* tp, Comm* experts)
+                              Comm* tp, Comm* experts, NodeScope node_scope)
     : group_(group),
+      shards_(node_scope.shards ? *node_scope.shards : group),
+      replicas_(node_scope.replicas && node_scope.replicas->size() > 1 ? node_scope.replicas
+                                                                       : nullptr),
       tp_(tp),
       experts_(experts && experts->size() != group.size() ? experts : nullptr),
       bf16_wire_(deck::precision_policy(config).wire == Precision::bf16 &&
@@ -510,9 +544,13 @@ DataParallel<P>::DataParallel(const Config& config, Comm& group, const model::Ch
       layout_(layout),
       dims_(model::dims_of(config)),
       zero_(int(config.parallel.zero)),
-      map_(layout, group.size(), group.rank(), experts_ ? experts_->size() : 0,
+      map_(layout, shards_.size(), shards_.rank(), experts_ ? experts_->size() : 0,
            experts_ ? experts_->rank() : 0) {
-  sizes_ = data_parallel_sizes(layout, group.size(), zero_, config.parallel.bucket_mb, sizeof(G),
+  PTRAIN_REQUIRE(!replicas_ || (zero_ >= 1 && !experts_ &&
+                                shards_.size() * replicas_->size() == group_.size()),
+                 "data parallel: node scope needs ZeRO >= 1, no split experts and ", group_.size(),
+                 " = ", shards_.size(), " shards x ", replicas_->size(), " replicas (internal)");
+  sizes_ = data_parallel_sizes(layout, shards_.size(), zero_, config.parallel.bucket_mb, sizeof(G),
                                experts_ ? experts_->size() : 0, bf16_wire_);
   if (zero_ == 0) {
     update_pieces_ = {{0, sizes_.numel, 0}};
@@ -631,6 +669,7 @@ double DataParallel<P>::owned_grad_sum_of_squares() {
   // tensor every tp rank holds whole (LayerNorm, row-parallel biases, wpe) counts once,
   // from tp rank 0; the tied LM-head copy of wte counts on the embedding's stage.
   const bool skip_replicated = tp_ && tp_->size() > 1 && tp_->rank() != 0;
+  if (replica() != 0) return 0;  // zero_scope = 'node': the first replica counts the shard
   // Adjacent counted tensors are summed as one run: one kernel, not one per tensor (about
   // 150 at GPT-2 124M, whose launches took a third of the pass).
   double sq = 0;
@@ -662,6 +701,7 @@ void DataParallel<P>::sum_tied_embedding(Comm& ends) {
   K::fill(whole, G(0));
   const std::int64_t lo = wte->offset, hi = wte->offset + wte->numel;
   for (const auto& p : map_.owned) {
+    if (replica() != 0) break;  // zero_scope = 'node': one replica of each shard adds it
     const std::int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
     if (a < b) K::copy<G>(slice(whole, a - lo, b - lo), grads_of(p, a, b));
   }

@@ -101,6 +101,18 @@ DataParallelSizes data_parallel_sizes(const model::ChunkLayout& layout, int D, i
                                       double bucket_mb, std::size_t grad_bytes,
                                       int expert_group = 0, bool bf16_wire = false);
 
+// parallel%zero_scope = 'node' (hybrid sharding): ZeRO shards over `shards`, the dense-grad
+// group's ranks on this rank's node, each shard replicated over `replicas`, the group's ranks
+// of this local index on every node. ZeRO 1 all-reduces over the whole group as before and
+// gathers parameters inside the node; ZeRO 2/3 reduce-scatter each window inside the node,
+// accumulate the shard over the micro-batches, and after the last one's fold all-reduce each
+// unit's part of it across the nodes; ZeRO 3 gathers parameters inside the node. Both null:
+// shards over the whole group.
+struct NodeScope {
+  Comm* shards = nullptr;
+  Comm* replicas = nullptr;
+};
+
 // The cast boundary of the precision policy P: the model sees weights in P::compute and
 // writes gradients in P::grad; the optimizer updates P::master weights. With a uniform
 // policy (fp32, fp64) masters are the compute weights themselves. Otherwise this engine
@@ -116,13 +128,16 @@ class DataParallel {
   // the expert-grad group (d, c): when it is smaller than `group` (experts split over ep),
   // expert tensors are reduced and sharded over it instead (see ShardMap).
   DataParallel(const Config& config, Comm& group, const model::ChunkLayout& layout,
-               Comm* tp = nullptr, Comm* experts = nullptr);
+               Comm* tp = nullptr, Comm* experts = nullptr, NodeScope node_scope = {});
   ~DataParallel();
 
   model::ParamStore<P>* store();
   const DataParallelSizes& sizes() const { return sizes_; }
   const model::ChunkLayout& layout() const { return layout_; }
   int zero() const { return zero_; }
+  // This rank's index among the replicas of its shard (0 unless zero_scope = 'node'): one
+  // replica counts the shard in the norm and writes it to checkpoints.
+  int replica() const { return replicas_ ? replicas_->rank() : 0; }
 
   // What the optimizer updates: the whole chunk under ZeRO 0, this rank's owned storage
   // otherwise; update_params() (the masters) and update_grads() are update_size() long, and
@@ -173,6 +188,8 @@ class DataParallel {
   // The compute weights of the update range (the masters themselves when uniform).
   kernels::Vec<T> update_compute();
   Comm& group_;
+  Comm& shards_;              // what ZeRO shards over: group_, or its ranks on this node
+  Comm* replicas_ = nullptr;  // zero_scope = 'node' across more than one node
   Comm* tp_ = nullptr;
   Comm* experts_ = nullptr;
   bool bf16_wire_ = false;  // ZeRO 2/3 gradients travel as bf16, summed in fp32 on arrival

@@ -28,10 +28,29 @@ constexpr int idx(MemCategory c) { return static_cast<int>(c); }
 int dense_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.ep * c.parallel.cp); }
 int expert_grad_size(const Config& c) { return int(c.parallel.dp * c.parallel.cp); }
 
-// The shard of the rank at (t, p, e) on the grid's tp, pp and ep axes (cp rank 0).
-model::ShardCoord shard_of(const Config& config, int t, int p, int e) {
+// parallel%zero_scope = 'node': the dense-grad group's ranks on one node, as the grid places
+// rank 0's group with `ranks_per_node` (0: unknown, the whole group); 0 for 'global'.
+int node_zero_shards(const Config& config, int ranks_per_node) {
+  if (config.parallel.zero_scope != "node" || ranks_per_node <= 0) return 0;
+  const GridShape shape = GridShape::from_config(config);
+  const Layout layout(shape, shape.world(), ranks_per_node);
+  const std::vector<int> m = layout.members(GroupKind::dense_grad, 0);
+  return int(
+      std::count_if(m.begin(), m.end(), [&](int r) { return layout.node(r) == layout.node(0); }));
+}
+
+// Ranks a ZeRO shard is cut over (parallel/data_parallel.hpp): the dense-grad group, or its
+// ranks on one node.
+int zero_group_size(const Config& config, const model::ShardCoord& coord) {
+  return coord.zero_shards > 0 ? coord.zero_shards : dense_grad_size(config);
+}
+
+// The shard of the rank at (t, p, e) on the grid's tp, pp and ep axes (cp rank 0), with
+// `ranks_per_node` on each node (0: unknown).
+model::ShardCoord shard_of(const Config& config, int t, int p, int e, int ranks_per_node = 0) {
   const auto& par = config.parallel;
   model::ShardCoord sc;
+  sc.zero_shards = node_zero_shards(config, ranks_per_node);
   sc.t = t, sc.tp = int(par.tp), sc.p = p, sc.pp = int(par.pp), sc.e = e, sc.ep = int(par.ep);
   sc.cp = int(par.cp), sc.cp_zigzag = par.cp_layout == "zigzag";
   sc.virtual_stages = int(par.virtual_stages);
@@ -115,8 +134,8 @@ std::string with_commas(std::int64_t n) {
 
 }  // namespace
 
-model::ShardCoord plan_shard(const Config& config, int t, int p, int e) {
-  return shard_of(config, t, p, e);
+model::ShardCoord plan_shard(const Config& config, int t, int p, int e, int ranks_per_node) {
+  return shard_of(config, t, p, e, ranks_per_node);
 }
 
 double MemoryEstimate::total() const {
@@ -203,14 +222,14 @@ ElementBytes element_bytes(const Config& config) {
 
 // Parameters, gradients, optimizer state and ZeRO windows: the sizes the data-parallel
 // engine allocates (parallel/data_parallel.hpp), chunk by chunk; and the experts' part of it.
-void add_training_state(MemoryEstimate& est, const Config& config,
+void add_training_state(MemoryEstimate& est, const Config& config, const model::ShardCoord& coord,
                         const std::vector<model::ChunkLayout>& chunks, const ElementBytes& b) {
   // With experts split over ep, ZeRO shards them over the expert-grad group.
   for (const auto& ch : chunks) {
-    const auto z = data_parallel_sizes(ch, dense_grad_size(config), int(config.parallel.zero),
-                                       config.parallel.bucket_mb, std::size_t(b.wg),
-                                       config.parallel.ep > 1 ? expert_grad_size(config) : 0,
-                                       b.policy.wire != b.policy.grad);
+    const auto z = data_parallel_sizes(
+        ch, zero_group_size(config, coord), int(config.parallel.zero), config.parallel.bucket_mb,
+        std::size_t(b.wg), config.parallel.ep > 1 ? expert_grad_size(config) : 0,
+        b.policy.wire != b.policy.grad);
     est.bytes[idx(MemCategory::params)] += double(z.params) * b.w;
     est.bytes[idx(MemCategory::grads)] += double(z.grads) * b.wg;
     est.bytes[idx(MemCategory::optimizer)] +=
@@ -223,7 +242,7 @@ void add_training_state(MemoryEstimate& est, const Config& config,
   // are split over ep).
   const int zero = int(config.parallel.zero);
   const double D = double(config.parallel.ep > 1 ? expert_grad_size(config)
-                                                 : dense_grad_size(config)),
+                                                 : zero_group_size(config, coord)),
                experts = double(est.expert_params);
   est.expert_param_bytes = experts * b.w / (zero >= 3 ? D : 1.0);
   est.expert_grad_bytes = experts * b.wg / (zero >= 2 ? D : 1.0);
@@ -286,7 +305,7 @@ MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coo
     for (const auto& t : ch.tensors) (t.expert ? est.expert_params : est.dense_params) += t.numel;
   est.local_params = est.dense_params + est.expert_params;
   const ElementBytes b = element_bytes(config);
-  add_training_state(est, config, chunks, b);
+  add_training_state(est, config, coord, chunks, b);
   add_activations(est, config, coord, chunks, needs, b);
   add_pipeline_buffers(est, config, coord, chunks, needs, b);
   return est;
@@ -331,9 +350,12 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
 // tied head shares, once per step).
 // Gradients move in the wire type (ww bytes: the grad type, or bf16 for ZeRO 2/3 with the
 // bf16 wire), parameter gathers in the compute type (w).
+// Hybrid sharding (parallel%zero_scope = 'node', shards over L ranks of a node, N = D/L
+// nodes): ZeRO 1 all-reduces over D and gathers inside the node; ZeRO 2/3 reduce-scatter and
+// gather inside the node and all-reduce the shard across the nodes once a step.
 void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
                        const MemoryEstimate& mem, const ShardFacts& f, double m, double w,
-                       double ww) {
+                       double ww, int zero_shards) {
   const int zero = int(config.parallel.zero);
   const double emb = f.embedding_bytes;       // compute type
   auto dp_volume = [&](double N, double D) {  // N elements
@@ -354,8 +376,27 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
                               "m*(D-1)/D*S reduce-scatter + (D-1)/D*(2m(S-E)+E) all-gathers"};
   const bool split = config.parallel.ep > 1;
   const double dense = double(split ? mem.dense_params : mem.local_params);
-  out.push_back(
-      {GroupKind::dense_grad, dp_volume(dense, double(dense_grad_size(config))), dp_formula[zero]});
+  const double D = double(dense_grad_size(config)), L = double(zero_shards);
+  if (zero >= 1 && L < D) {
+    const double G = dense * ww, S = dense * w, nodes = D / L;
+    CommEstimate c{GroupKind::dense_grad, 0, ""};
+    if (zero == 1) {
+      c.intra_only = ring(L) * S;
+      c.bytes_per_step = 2 * ring(D) * G + c.intra_only;
+      c.formula = "2(D-1)/D*S all-reduce + (L-1)/L*S all-gather in the node";
+    } else {
+      c.intra_only = m * ring(L) * G + ring(L) * (zero == 2 ? S : m * 2 * (S - emb) + emb);
+      c.inter_only = 2 * ring(nodes) * G / L;
+      c.bytes_per_step = c.intra_only + c.inter_only;
+      c.formula = zero == 2 ? "m*(L-1)/L*S reduce-scatter + (L-1)/L*S all-gather in the node, "
+                              "2(N-1)/N*S/L all-reduce across"
+                            : "m*(L-1)/L*S reduce-scatter + (L-1)/L*(2m(S-E)+E) all-gathers in "
+                              "the node, 2(N-1)/N*S/L all-reduce across";
+    }
+    out.push_back(c);
+    return;
+  }
+  out.push_back({GroupKind::dense_grad, dp_volume(dense, D), dp_formula[zero]});
   if (split && mem.expert_params > 0)
     out.push_back({GroupKind::expert_grad,
                    dp_volume(double(mem.expert_params), double(expert_grad_size(config))),
@@ -450,7 +491,8 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   s.recompute = model::recompute_mode(config.train.recompute);
   const bool first = s.f.first, last = s.f.last;
   std::vector<CommEstimate> out;
-  add_data_parallel(out, config, estimate_memory(config, coord), s.f, s.m, s.w, s.ww);
+  add_data_parallel(out, config, estimate_memory(config, coord), s.f, s.m, s.w, s.ww,
+                    zero_group_size(config, coord));
   out.push_back(tensor_parallel(config, s));
   out.push_back(context_parallel(config, s));
   out.push_back(expert_parallel(config, s));
@@ -495,12 +537,13 @@ MemoryBudget memory_budget(const Config& config, const FitOptions& fit, int rank
 namespace {
 
 // The largest shard, the schedule's needs worked out once for every stage.
-LargestShard largest_of(const Config& config) {
+LargestShard largest_of(const Config& config, int ranks_per_node) {
   const auto needs = stage_needs(config);
   LargestShard l{0, -1.0};
   for (int p = 0; p < int(config.parallel.pp); ++p) {
     const double b =
-        estimate_shard(config, shard_of(config, 0, p, 0), needs[std::size_t(p)]).total();
+        estimate_shard(config, shard_of(config, 0, p, 0, ranks_per_node), needs[std::size_t(p)])
+            .total();
     if (b > l.bytes) l = {p, b};
   }
   return l;
@@ -533,12 +576,12 @@ double recompute_flops_per_token(const Config& config) {
 struct StepCost {
   double flops = 0, bytes = 0, bubble = 0, seconds = 0;
 };
-StepCost step_cost(const Config& config, int world, const StepRates& rates) {
+StepCost step_cost(const Config& config, int world, int ranks_per_node, const StepRates& rates) {
   StepCost s;
   const double tokens = double(config.train.global_batch) * double(model::dims_of(config).S);
   s.flops = (model::flops_per_token(config) + recompute_flops_per_token(config)) * tokens / world;
   s.bubble = config.parallel.pp > 1 ? pipeline_bubble(config) : 0.0;
-  for (const auto& c : estimate_comm(config, shard_of(config, 0, 0, 0)))
+  for (const auto& c : estimate_comm(config, shard_of(config, 0, 0, 0, ranks_per_node)))
     s.bytes += c.bytes_per_step;
   s.seconds = s.flops / (rates.gflops * 1e9) / (1 - s.bubble) + s.bytes / rates.bandwidth;
   return s;
@@ -567,7 +610,8 @@ struct Point {
 
 class FitSearch {
  public:
-  FitSearch(const Config& base, int world) : base_(base), world_(world) {}
+  FitSearch(const Config& base, int world, int ranks_per_node)
+      : base_(base), world_(world), ranks_per_node_(ranks_per_node) {}
 
   Knobs deck() const {
     Knobs k;
@@ -648,14 +692,14 @@ class FitSearch {
     c.train.micro_batch /= k.micro;
     try {
       deck::validate(c, world_);
-      return Point{c, largest_of(c)};
+      return Point{c, largest_of(c, ranks_per_node_)};
     } catch (const Error&) {
       return std::nullopt;
     }
   }
 
   const Config& base_;
-  int world_;
+  int world_, ranks_per_node_;
   std::map<Knobs, std::optional<Point>> cache_;
 };
 
@@ -682,11 +726,11 @@ std::vector<FitChange> search_changes(FitSearch& search, const Config& config, i
     if (p->largest.bytes <= budget) fitting.push_back(k);
   }
   if (least) *least = best;
-  const StepCost before = step_cost(config, world, rates);
+  const StepCost before = step_cost(config, world, ranks_per_node, rates);
   std::vector<FitChange> out;
   for (const Knobs& k : fitting) {
     const Point* p = search.at(k);
-    const StepCost after = step_cost(p->config, world, rates);
+    const StepCost after = step_cost(p->config, world, ranks_per_node, rates);
     FitChange c;
     c.sets = search.sets(k);
     c.largest = p->largest.bytes, c.largest_p = p->largest.p;
@@ -746,7 +790,9 @@ int rank_at(const Layout& layout, int t, int p, int e) {
 
 }  // namespace
 
-LargestShard largest_shard(const Config& config) { return largest_of(config); }
+LargestShard largest_shard(const Config& config, int ranks_per_node) {
+  return largest_of(config, ranks_per_node);
+}
 
 StepRates step_rates(const Config& config, double bandwidth) {
   const bool gpu = config.backend.device == "cuda";
@@ -760,15 +806,15 @@ StepRates step_rates(const Config& config, double bandwidth) {
 
 std::vector<FitChange> fit_changes(const Config& config, int world, int ranks_per_node,
                                    double budget, const StepRates& rates, FitChange* least) {
-  if (largest_of(config).bytes <= budget) return {};
-  FitSearch search(config, world);
+  if (largest_of(config, ranks_per_node).bytes <= budget) return {};
+  FitSearch search(config, world, ranks_per_node);
   return search_changes(search, config, world, ranks_per_node, budget, rates, least);
 }
 
 std::string fit_refusal(const Config& config, const Layout& layout, const MemoryBudget& budget,
                         double bandwidth) {
   if (budget.bytes <= 0) return "";
-  const LargestShard big = largest_of(config);
+  const LargestShard big = largest_of(config, layout.max_ranks_per_node());
   if (big.bytes <= budget.bytes) return "";
   FitChange least;
   const auto changes = fit_changes(config, layout.world(), layout.max_ranks_per_node(),
@@ -967,7 +1013,8 @@ std::string memory_section(const Config& config, const Layout& layout, double bu
       for (int t = 0; t < par.tp; ++t) {
         if (rows >= 16 && !(p == par.pp - 1 && e == par.ep - 1 && t == par.tp - 1)) continue;
         ++rows;
-        const auto mem = estimate_shard(config, shard_of(config, t, p, e), needs[std::size_t(p)]);
+        const auto mem = estimate_shard(
+            config, shard_of(config, t, p, e, layout.max_ranks_per_node()), needs[std::size_t(p)]);
         auto b = [&](MemCategory c) { return format_bytes(mem.bytes[idx(c)]); };
         char row[400];
         std::snprintf(row, sizeof row, "  %-6d %-8s %14s %11s %11s %11s %11s %11s %11s %11s",
@@ -980,7 +1027,12 @@ std::string memory_section(const Config& config, const Layout& layout, double bu
         line(fit.empty() ? std::string(row) : cat(row, "   ", fit));
       }
   line(
-      cat("  (ZeRO ", par.zero, " over the dense-grad group of ", dense_grad_size(config), " ranks",
+      cat("  (ZeRO ", par.zero,
+          par.zero_scope == "node" && par.zero >= 1
+              ? cat(" over the dense-grad group's ",
+                    zero_group_size(config, shard_of(config, 0, 0, 0, layout.max_ranks_per_node())),
+                    " ranks on each node, replicated across nodes (parallel%zero_scope = 'node')")
+              : cat(" over the dense-grad group of ", dense_grad_size(config), " ranks"),
           par.ep > 1 ? cat(", the experts over the expert-grad group of ", expert_grad_size(config))
                      : std::string(),
           "; activations for ",
@@ -1000,7 +1052,7 @@ std::string fit_section(const Config& config, const Layout& layout, const Memory
                         double bandwidth) {
   std::string r;
   auto line = [&](const std::string& s) { r += s + "\n"; };
-  const LargestShard big = largest_of(config);
+  const LargestShard big = largest_of(config, layout.max_ranks_per_node());
   const bool known = budget.bytes > 0;
   const bool fits = !known || big.bytes <= budget.bytes;
   line(known ? cat("memory per rank: ", format_bytes(budget.bytes), " (", budget.source, "); ",
@@ -1012,7 +1064,7 @@ std::string fit_section(const Config& config, const Layout& layout, const Memory
 
   // The largest shard under every recompute level and ZeRO stage (stages past the deck's only
   // where they change anything), from the same search the advice uses.
-  FitSearch search(config, layout.world());
+  FitSearch search(config, layout.world(), layout.max_ranks_per_node());
   const Knobs deck = search.deck();
   const int zmax = search.zero_helps() ? 3 : deck.zero, zmin = search.zero_helps() ? 0 : deck.zero;
   line(cat("largest shard by train%recompute x parallel%zero (* the deck's",
@@ -1123,23 +1175,31 @@ std::string comm_section(const Config& config, const Layout& layout) {
                    "over the group's ranks (all-to-all: over rank 0's peers)"
                  : "",
            ":"));
-  for (const auto& c : estimate_comm(config, shard_of(config, 0, 0, 0))) {
+  for (const auto& c :
+       estimate_comm(config, shard_of(config, 0, 0, 0, layout.max_ranks_per_node()))) {
     if (layout.group_size(c.group) <= 1 && c.bytes_per_step == 0) continue;
     char row[256];
     std::snprintf(row, sizeof row, "  %-12s %12s   %s", group_name(c.group),
                   format_bytes(c.bytes_per_step).c_str(), c.formula.c_str());
     line(row);
     const NodeSplit split = node_split(config, layout, c.group);
-    if (!nodes || (split.two_level_nodes == 0 && split.links == 0)) continue;
-    const std::string how =
+    const bool hybrid = c.intra_only + c.inter_only > 0;
+    if (!nodes || (!hybrid && split.two_level_nodes == 0 && split.links == 0)) continue;
+    std::string how =
         split.two_level_nodes > 0
             ? cat("two levels: inside ", split.two_level_nodes, " nodes of ", split.two_level_ranks,
                   ", then across them; backend%comm = 'mpi' makes it one ring")
             : cat(split.crossing, " of ", split.links,
                   c.group == GroupKind::ep ? " peers" : " ring links", " on another node");
+    const double rest = c.bytes_per_step - c.intra_only - c.inter_only;
+    if (hybrid)
+      how =
+          cat("ZeRO shards inside the node, replicated across nodes (parallel%zero_scope = "
+              "'node')",
+              rest > 0 ? cat("; the all-reduce: ", how) : std::string());
     line(cat("  ", std::string(12, ' '), " intra-node ",
-             format_bytes(c.bytes_per_step * (1 - split.inter_share)), ", inter-node ",
-             format_bytes(c.bytes_per_step * split.inter_share), " (", how, ")"));
+             format_bytes(rest * (1 - split.inter_share) + c.intra_only), ", inter-node ",
+             format_bytes(rest * split.inter_share + c.inter_only), " (", how, ")"));
   }
   if (par.tp > 1) {
     // Per block and micro-batch: two all-reduces of (b, s, h) each way (with sequence

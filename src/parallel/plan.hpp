@@ -35,12 +35,16 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const Config& config, const model::ShardCoord& coord);
 // The shard of the rank at (t, p, e) on the tp, pp and ep axes (cp rank 0), as the plan
 // prints it; (0, 0, 0) is rank 0's.
-model::ShardCoord plan_shard(const Config& config, int t, int p, int e);
+// `ranks_per_node`: as the grid places them (0: unknown), for parallel%zero_scope = 'node'.
+model::ShardCoord plan_shard(const Config& config, int t, int p, int e, int ranks_per_node = 0);
 
 struct CommEstimate {
   GroupKind group;
   double bytes_per_step;  // sent by one rank of the group
   std::string formula;
+  // Of bytes_per_step, what is known to stay inside the node and to cross nodes (hybrid
+  // sharding's levels); the rest splits as the group lies on the nodes.
+  double intra_only = 0, inter_only = 0;
 };
 std::vector<CommEstimate> estimate_comm(const Config& config, const model::ShardCoord& coord);
 
@@ -101,7 +105,7 @@ struct LargestShard {
   int p = 0;
   double bytes = 0;
 };
-LargestShard largest_shard(const Config& config);
+LargestShard largest_shard(const Config& config, int ranks_per_node = 0);
 
 // The rates that turn extra FLOPs and bytes into step time: backend%peak_gflops and
 // --bandwidth, or assumed figures (said so) when the deck and the command line give none:

@@ -92,8 +92,8 @@ template <class P>
 std::string Trainer<P>::transports() const {
   std::string out;
   Comm* experts = config_.model.n_expert > 0 ? expert_grad_.get() : nullptr;
-  for (const Comm* c :
-       {dense_grad_.get(), tp_.get(), pp_.get(), cp_.get(), ep_.get(), experts, ends_.get()})
+  for (const Comm* c : {dense_grad_.get(), dense_grad_shards_.get(), dense_grad_replicas_.get(),
+                        tp_.get(), pp_.get(), cp_.get(), ep_.get(), experts, ends_.get()})
     if (c && c->size() > 1) out += cat(out.empty() ? "" : ", ", c->name(), " ", c->describe());
   return out.empty() ? "no group of more than one rank" : out;
 }
@@ -126,11 +126,22 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   const ScheduleCheck check = check_schedule(schedule_, stages, m, v);
   PTRAIN_REQUIRE(check.error.empty(), "pipeline schedule: ", check.error);
 
+  NodeScope node_scope;
+  if (config.parallel.zero_scope == "node" && dense_grad_->size() > 1) {
+    dense_grad_levels_ = node_levels(grid.comm(GroupKind::dense_grad), "dense-grad", grid.node(),
+                                     "parallel%zero_scope = 'node'");
+    if (dense_grad_levels_.nodes > 1) {
+      dense_grad_shards_ = make_comm(dense_grad_levels_.node.get(), "dense-grad-intra",
+                                     choice(config, grid, false, true));
+      dense_grad_replicas_ = make_comm(dense_grad_levels_.across.get(), "dense-grad-inter");
+      node_scope = {dense_grad_shards_.get(), dense_grad_replicas_.get()};
+    }
+  }
   std::vector<typename PipelineExecutor<P>::Chunk> executed;
   for (const model::ChunkLayout& layout : model::build_layout(config, coord)) {
     Chunk ch;
     ch.dp = std::make_unique<DataParallel<P>>(config, *dense_grad_, layout, tp_.get(),
-                                              expert_grad_.get());
+                                              expert_grad_.get(), node_scope);
     // Activation slots: the most micro-batches this chunk has in flight in the schedule.
     const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
     ch.stage = std::make_unique<model::Stage<P>>(config, coord, ch.dp->layout(), mb, slots,

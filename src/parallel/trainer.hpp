@@ -102,6 +102,10 @@ class Trainer {
   // first non-finite gradient) over every rank, and the op times over the pipeline group:
   // the "stats" row of the traffic table.
   std::unique_ptr<Comm> stats_, stage_stats_;
+  // parallel%zero_scope = 'node' over more than one node: the dense-grad group's ranks on this
+  // node (ZeRO's shards) and across the nodes (their replicas), rows dense-grad-intra/-inter.
+  NodeLevels dense_grad_levels_;
+  std::unique_ptr<Comm> dense_grad_shards_, dense_grad_replicas_;
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
   int micro_batches_ = 0;  // per step on this pipeline
