@@ -172,7 +172,8 @@ int threads_for(const Config& config, const Grid& grid) {
 // This rank's GPU in a CUDA build (-1 in a CPU build): its rank among its node's ranks, round
 // robin over the GPUs it sees. Where CUDA_VISIBLE_DEVICES leaves each rank its own GPU (Slurm's
 // --gpus-per-task) that is device 0 for all, and distinct. Two ranks of a node on one GPU (by
-// PCI bus id) are refused, every rank alike, unless backend%share_gpus.
+// PCI bus id) are refused, every rank alike, unless backend%share_gpus (then one line says
+// that every group uses MPI).
 int device_for(const Config& config, const Grid& grid) {
 #ifdef PTRAIN_ENABLE_CUDA
   int gpus = 0;
@@ -197,6 +198,12 @@ int device_for(const Config& config, const Grid& grid) {
                 "): start one rank per GPU, or set backend%share_gpus = .true. (tests)");
   }
   mpi::agree(MPI_COMM_WORLD, error, kExitInput);
+  // Shared on purpose: NCCL takes no two ranks of one GPU, so the trainer gives every group
+  // MPI (parallel/trainer.cpp, choice()); one line says so.
+  const std::int64_t most = mpi::max(MPI_COMM_WORLD, std::int64_t(sharing));
+  if (most > 1 && rank == 0)
+    log::warn(cat("backend%share_gpus: up to ", most,
+                  " ranks share a GPU; NCCL needs one GPU per rank, so every group uses MPI"));
   return mine % gpus;
 #else
   (void)config, (void)grid;
