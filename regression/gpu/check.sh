@@ -17,6 +17,8 @@
 #   layouts  regression cases gpu_layouts (fp32 on grids of 1 and 2 ranks against the CPU fp64
 #            reference, relative 1e-5) and gpu_fp32 (against the CPU fp32 reference)
 #   bf16     input/tiny.nml in bf16 ends within 2% of the fp32 run's loss
+#   share    two ranks on one GPU: refused (exit 2) without backend%share_gpus; with it one
+#            line says NCCL needs one GPU per rank and every group uses MPI
 #   bench    regression/bench/gpu.sh: GPT-2 124M and 350M in bf16 against PyTorch (--no-bench
 #            leaves it out)
 # Exit status: the number of failed checks. Logs go to $OUT (the device tool's) or a temp folder.
@@ -107,6 +109,23 @@ if [ "$ok" = 1 ]; then
   fi
 else
   report bf16 FAIL "a tiny.nml run failed: $(cat "$logs"/tiny-*.log | tail -n 3 | tr '\n' ' ')" "$t0"
+fi
+
+# --- share: two ranks on the one GPU -------------------------------------------------------
+# Refused without backend%share_gpus (exit 2, one line); with it, one line says NCCL needs one
+# GPU per rank and every group is MPI.
+t0=$SECONDS
+two=("${mpirun[@]}" -np 2 "$ptrain" input/tiny.nml --set "backend%device='cuda'" --set run%steps=3)
+rc=0
+timeout 120 "${two[@]}" --set run%out_dir="'$logs/share-no'" >"$logs/share-no.log" 2>&1 || rc=$?
+timeout 120 "${two[@]}" --set backend%share_gpus=.true. --set run%out_dir="'$logs/share'" \
+  >"$logs/share.log" 2>&1 || rc2=$?
+if [ "$rc" != 2 ] || ! grep -q "would share GPU" "$logs/share-no.log"; then
+  report share FAIL "without share_gpus: exit $rc, $(tail -n 2 "$logs/share-no.log" | tr '\n' ' ')" "$t0"
+elif [ "${rc2:-0}" != 0 ] || ! grep -q "NCCL needs one GPU per rank" "$logs/share.log"; then
+  report share FAIL "with share_gpus: exit ${rc2:-0}, $(tail -n 2 "$logs/share.log" | tr '\n' ' ')" "$t0"
+else
+  report share PASS "$(grep -m1 '^comm:' "$logs/share.log")" "$t0"
 fi
 
 # --- bench ----------------------------------------------------------------------------------
