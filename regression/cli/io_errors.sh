@@ -28,10 +28,12 @@ run() {
   set -e
   [ "$rc" != 124 ] || fail "$name: still running after 30 s (hung?)"
 }
-# The distinct error messages of a log (without rank prefixes): exactly one, matching $2.
+# The distinct error messages of a log (without rank prefixes): exactly one, matching $2. An
+# error every rank agreed on is printed once as it is ("save_checkpoint ...: ..."), one rank's
+# with "[rank N] error: ".
 one_error() {
   local errors
-  errors=$(grep -E '(^|\] )error: ' "$tmp/$1.log" | sed 's/^\[rank [0-9]*\] //' | sort -u)
+  errors=$(grep -E '(^|\] )error: |^save[_ ]' "$tmp/$1.log" | sed 's/^\[rank [0-9]*\] //' | sort -u)
   [ "$(grep -c . <<<"$errors")" = 1 ] || fail "$1: not one error message: $errors"
   grep -qE "$2" <<<"$errors" || fail "$1: the error does not say '$2': $errors"
 }

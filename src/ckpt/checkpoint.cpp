@@ -626,7 +626,7 @@ std::pair<double, double> write_verified(const std::string& tmp, MPI_Comm comm, 
     write_file<T>(tmp, comm, s, buffers, state, attributes, where);
   } catch (const Error& e) {
     discard(comm, tmp);
-    throw Error(cat(where, e.what(), " (nothing was published)"), e.exit_code());
+    throw e.reworded(cat(where, e.what(), " (nothing was published)"));
   }
   MPI_Barrier(comm);  // every rank's part is in the file before anyone reads it back
   const double t1 = MPI_Wtime();
@@ -636,7 +636,7 @@ std::pair<double, double> write_verified(const std::string& tmp, MPI_Comm comm, 
     // MPI-IO can lose writes to a full disk without an error: say so when that is the case.
     const std::string reason = os_write_reason(comm, tmp);
     discard(comm, tmp);
-    throw Error(
+    throw e.reworded(
         cat(where, "verification of the written file failed (file removed): ", e.what(), reason));
   }
   return {t1 - t0, MPI_Wtime() - t1};
@@ -828,6 +828,7 @@ SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
   const std::string name = checkpoint_file_name(state.step);
   const std::string tmp = in_folder(dir, "." + name + ".tmp");
   const std::string where = cat("save_checkpoint ", in_folder(dir, name), ": ");
+  IoPhase watched(tmp, tmp);
 
   // 1. What this rank writes; every rank agrees on the datasets, attributes and state.
   std::string error;
@@ -867,6 +868,7 @@ SaveReport save_owned_weights(const std::string& path, MPI_Comm comm,
   const std::string dir = final_path.parent_path().string();
   const std::string tmp = in_folder(dir, "." + final_path.filename().string() + ".tmp");
   const std::string where = cat("save weights ", path, ": ");
+  IoPhase watched(tmp, tmp);
   const Buffers<const T> params{buffers.params, false, {}, {}};
   const SavePlan s = plan_save(comm, chunks, params, holder, attributes, "", where);
   agree_folder_ready(comm, dir, tmp, where);
@@ -889,6 +891,7 @@ CheckpointState load_checkpoint(const std::string& restart, const std::string& d
                                 const std::vector<ChunkLayout>& chunks, const Buffers<T>& buffers,
                                 const TensorPredicate& holder, CheckpointLoadReport* report) {
   h5::QuietErrors quiet;
+  IoPhase watched(restart == "latest" ? in_folder(dir, restart) : restart, "");
   const double t0 = MPI_Wtime();
   // 1. The file (rank 0 resolves 'latest' for everyone).
   std::string path, error;

@@ -1,15 +1,21 @@
 #include "ckpt/common.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
+#include "comm/watchdog.hpp"
 #include "util/memory.hpp"
 
 namespace ptrain::ckpt::detail {
@@ -243,6 +249,115 @@ int reserve_errno(const std::string& path, std::int64_t bytes) {
 }
 }  // namespace
 
+// ---- the I/O watchdog ---------------------------------------------------------------------
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+struct IoWatch {
+  std::mutex m;
+  std::condition_variable cv;
+  int depth = 0;  // IoPhases alive (nested)
+  double timeout = 0;
+  Clock::time_point deadline;
+  std::string path, discard, what;
+  int rank = 0;
+  bool started = false;  // the thread
+};
+// Never freed: its thread lives until the process ends.
+IoWatch& io_watch() {
+  static IoWatch* w = new IoWatch;
+  return *w;
+}
+
+// What writing 1 MiB beside `path` gives on this rank: "" when it works.
+std::string write_probe(const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const std::string probe =
+      ((dir.empty() ? std::filesystem::path(".") : dir) / cat(".ptrain-io-probe-", getpid()))
+          .string();
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int err = fd < 0 ? errno : 0;
+  static const char zeros[64 * 1024] = {};
+  for (int k = 0; fd >= 0 && err == 0 && k < 16; ++k)
+    if (write(fd, zeros, sizeof zeros) != ssize_t(sizeof zeros)) err = errno ? errno : EIO;
+  if (fd >= 0 && err == 0 && fsync(fd) != 0) err = errno;
+  if (fd >= 0) close(fd);
+  unlink(probe.c_str());
+  return err ? cat("writing beside it fails: ", std::strerror(err)) : std::string();
+}
+
+void watch_io() {
+  IoWatch& w = io_watch();
+  std::unique_lock<std::mutex> lock(w.m);
+  for (;;) {
+    if (w.depth == 0 || w.timeout <= 0) {
+      w.cv.wait(lock);
+      continue;
+    }
+    if (Clock::now() < w.deadline) {
+      w.cv.wait_until(lock, w.deadline);
+      continue;
+    }
+    const std::string path = w.path, discard = w.discard, what = w.what;
+    const int rank = w.rank;
+    const double timeout = w.timeout;
+    lock.unlock();
+    const std::string reason = write_probe(path);
+    // A rank with a reason speaks first; of the others, rank 0 (all are stuck alike).
+    if (reason.empty()) std::this_thread::sleep_for(std::chrono::seconds(rank == 0 ? 3 : 10));
+    if (!discard.empty()) unlink(discard.c_str());
+    const std::string step = what.empty()               ? cat(path, ": I/O")
+                             : what.rfind(path, 0) == 0 ? what
+                                                        : cat(path, ": ", what);
+    mpi::abort_job(
+        cat(step, ": no progress for ", timeout, " s (run%hang_timeout) on rank ", rank,
+            " inside HDF5; ",
+            reason.empty() ? std::string("writing beside the file works on this rank (another "
+                                         "rank's write failed, or the file system hangs)")
+                           : cat("on rank ", rank, " ", reason),
+            discard.empty() ? std::string()
+                            : std::string("; the file being written is removed, the checkpoints "
+                                          "and `latest` already there are untouched"),
+            "; aborting the job"),
+        kExitRuntime);
+  }
+}
+}  // namespace
+
+IoPhase::IoPhase(const std::string& path, const std::string& discard) {
+  const double timeout = watchdog::timeout_s();
+  IoWatch& w = io_watch();
+  std::lock_guard<std::mutex> lock(w.m);
+  if (w.depth++ > 0 || timeout <= 0) return;
+  if (!w.started) {
+    std::thread(watch_io).detach();
+    w.started = true;
+  }
+  w.timeout = timeout;
+  w.path = path, w.discard = discard, w.what.clear();
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  w.deadline = Clock::now() +
+               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
+  w.cv.notify_all();
+}
+
+IoPhase::~IoPhase() {
+  IoWatch& w = io_watch();
+  std::lock_guard<std::mutex> lock(w.m);
+  --w.depth;
+  w.cv.notify_all();
+}
+
+void IoPhase::step(const std::string& what) {
+  IoWatch& w = io_watch();
+  std::lock_guard<std::mutex> lock(w.m);
+  if (w.depth == 0 || w.timeout <= 0) return;
+  w.what = what;
+  w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(w.timeout));
+}
+
 void inject_failure(const std::string& what) { injected_failure() = what; }
 
 void fail_if_injected(const std::string& what) {
@@ -288,9 +403,24 @@ void check_space_first(bool on) { space_check() = on; }
 
 void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes) {
   const int err = mpi::rank(comm) == 0 && space_check() ? reserve_errno(path, bytes) : 0;
-  mpi::agree(comm, err ? cat(path, ": create: ", std::strerror(err), " (",
-                             format_bytes(double(bytes)), " needed)")
-                       : std::string());
+  std::string error = err ? cat(path, ": create: ", std::strerror(err), " (",
+                                format_bytes(double(bytes)), " needed)")
+                          : std::string();
+  struct rlimit limit {};
+  if (error.empty() && getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      limit.rlim_cur < rlim_t(bytes))
+    error = cat(path, ": create: rank ", mpi::rank(MPI_COMM_WORLD),
+                "'s file size limit (ulimit -f) is ", format_bytes(double(limit.rlim_cur)),
+                ", below the file's ", format_bytes(double(bytes)), "; raise it in the job script");
+  mpi::agree(comm, error);
+}
+
+void keep_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes) {
+  if (mpi::rank(comm) != 0 || !space_check()) return;
+  const int fd = open(path.c_str(), O_WRONLY);
+  if (fd < 0) return;  // the writes will say what is wrong
+  (void)fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
+  close(fd);
 }
 
 std::string os_write_reason(MPI_Comm comm, const std::string& path) {

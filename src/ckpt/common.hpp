@@ -264,13 +264,33 @@ void inject_failure(const std::string& what);
 // Throws the injected failure when `what` matches it (and forgets it).
 void fail_if_injected(const std::string& what);
 
+// The I/O watchdog. HDF5's collective calls are beyond the Comm watchdog: a write that fails
+// on one rank inside one of them (the metadata flush of a close) leaves that rank in another
+// MPI call than the others, forever. While an IoPhase lives, each collective step must begin
+// within run%hang_timeout (watchdog::timeout_s(); 0: not watched) of the previous one's
+// start or end. When one does not, a thread of this rank ends the job (MPI_Abort) with one
+// line: the file, the step, this rank, and what writing beside the file gives there (a full
+// disk, a quota, the file size limit), after removing `discard` (the temporary file being
+// written; "" when reading). A rank that finds no reason waits a few seconds first (rank 0
+// 3 s, the others 10 s), so that one line is heard. Phases nest (the outermost counts).
+class IoPhase {
+ public:
+  IoPhase(const std::string& path, const std::string& discard);
+  ~IoPhase();
+  IoPhase(const IoPhase&) = delete;
+  IoPhase& operator=(const IoPhase&) = delete;
+  static void step(const std::string& what);  // a collective step begins or ends
+};
+
 // Runs `step`, one collective HDF5 operation described by `what`, then agrees on its outcome.
 template <class Fn>
 void collective_step(MPI_Comm comm, const std::string& what, Fn&& step) {
+  IoPhase::step(what);
   mpi::agree_on(comm, [&] {
     step();
     fail_if_injected(what);
   });
+  IoPhase::step(what);
 }
 
 // Closes a handle of a file being written, as a write step (a file's close flushes).
@@ -292,8 +312,13 @@ std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_dataset
 // inside HDF5 forever, beyond any agreement of ours. So a full disk must be found before:
 // rank 0 reserves `bytes` at `path` (fallocate, then releases them) and every rank throws
 // "<path>: create: <reason> (<size> needed)" when that fails. File systems without fallocate
-// are not checked.
+// are not checked. Every rank also checks its own file size limit (ulimit -f), which would
+// fail its writes past it. Once the file exists, write_new_file reserves the space again and
+// keeps it (fallocate KEEP_SIZE, freed by HDF5's truncate at the close), so space taken by
+// others in between cannot fail a write.
 void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes);
+// Rank 0 reserves `bytes` for the file at `path` without changing its size (see above).
+void keep_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes);
 // Testing: turns that check off, so that a full disk fails the writes themselves.
 void check_space_first(bool on);
 
@@ -318,12 +343,13 @@ void write_new_file(const std::string& path, MPI_Comm comm, std::int64_t bytes,
   h5::Handle file;  // outlives the handler below: closed after the file is emptied
   try {
     file = create_file(path, comm, format_version, attributes, where);
+    keep_space_for(comm, path, bytes);
     contents(file.get());
     close_step(comm, file, path);
   } catch (const Error& e) {
     const std::string reason = os_write_reason(comm, path);
     give_up(comm, path);
-    throw Error(e.what() + reason, e.exit_code());
+    throw e.reworded(e.what() + reason);
   }
 }
 

@@ -189,6 +189,7 @@ void save_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
                   const std::vector<const T*>& chunk_data, const TensorPredicate& writes,
                   const std::map<std::string, std::string>& attributes) {
   h5::QuietErrors quiet;
+  IoPhase watched(path, path);
   const std::string where = cat("save_weights ", path, ": ");
   // 1. What this rank holds; every rank agrees on the datasets and on the attributes.
   std::map<std::string, Held> held;
@@ -285,6 +286,7 @@ void load_weights(const std::string& path, MPI_Comm comm, const std::vector<Chun
                   const std::vector<T*>& chunk_data, const TensorPredicate& verifies,
                   LoadReport* report) {
   h5::QuietErrors quiet;
+  IoPhase watched(path, "");
   const std::string where = cat("load_weights ", path, ": ");
   // 1. What this rank needs; every rank learns the union, then what the file holds.
   std::map<std::string, Held> held;

@@ -32,6 +32,8 @@ class Error : public std::runtime_error {
       : std::runtime_error(message), exit_code_(exit_code), scope_(scope) {}
   int exit_code() const { return exit_code_; }
   bool on_all_ranks() const { return exit_code_ == kExitInput || scope_ == ErrorScope::all_ranks; }
+  // The same error (exit code, who raises it) with another message: a caller adding context.
+  Error reworded(const std::string& message) const { return Error(message, exit_code_, scope_); }
 
  private:
   int exit_code_;
