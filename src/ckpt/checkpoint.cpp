@@ -705,22 +705,33 @@ void agree_folder_ready(MPI_Comm comm, const std::string& dir, const std::string
   mpi::agree(comm, error);
 }
 
-// Rank 0: keeps the file just written and, of the others, the keep - 1 of the highest steps;
-// removes temporary files left by crashed saves. Returns the removed files.
-std::vector<std::string> prune(const std::string& dir, const std::string& name, int keep) {
-  std::vector<std::pair<std::int64_t, std::string>> others;
-  std::vector<std::string> removed;
+}  // namespace
+std::vector<std::string> checkpoints_in(const std::string& dir);
+namespace {
+
+// The regular files of `dir` whose names pass `keep_name`.
+template <class F>
+std::vector<std::string> files_in(const std::string& dir, F&& keep_name) {
+  std::vector<std::string> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir.empty() ? "." : dir, ec)) {
     const std::string n = entry.path().filename().string();
-    if (n == name || !entry.is_regular_file()) continue;
-    if (const auto s = step_of_name(n); s >= 0) others.emplace_back(s, n);
-    if (is_temporary_name(n)) removed.push_back(n);
+    if (entry.is_regular_file() && keep_name(n)) out.push_back(n);
   }
-  if (ec) throw Error(cat(dir, ": cannot list the checkpoint folder: ", ec.message()));
-  std::sort(others.rbegin(), others.rend());
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(cat(dir, ": cannot list the checkpoint folder: ", ec.message()));
+  return out;
+}
+
+// Rank 0: keeps the file just written and, of the others, the keep - 1 of the highest steps;
+// removes temporary files left by crashed saves. Returns the removed files.
+std::vector<std::string> prune(const std::string& dir, const std::string& name, int keep) {
+  std::vector<std::string> removed = files_in(dir, is_temporary_name), others;
+  for (const std::string& n : checkpoints_in(dir))
+    if (n != name) others.push_back(n);
+  std::error_code ec;
   for (std::size_t i = static_cast<std::size_t>(keep - 1); i < others.size(); ++i)
-    removed.push_back(others[i].second);
+    removed.push_back(others[i]);
   for (const auto& n : removed) {
     fs::remove(in_folder(dir, n), ec);
     if (ec) throw Error(cat(in_folder(dir, n), ": cannot remove: ", ec.message()));
@@ -788,6 +799,15 @@ std::string utc_now() {
 }
 
 }  // namespace
+
+std::vector<std::string> checkpoints_in(const std::string& dir) {
+  std::vector<std::string> names =
+      files_in(dir, [](const std::string& n) { return step_of_name(n) >= 0; });
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return step_of_name(a) > step_of_name(b);
+  });
+  return names;
+}
 
 // ---- public API ----------------------------------------------------------------------------
 

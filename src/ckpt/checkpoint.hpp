@@ -111,6 +111,9 @@ struct SaveReport {
 
 // "ckpt_00000100.h5". Not collective.
 std::string checkpoint_file_name(std::int64_t step);
+// The checkpoint files ("ckpt_<step>.h5") in folder `dir`, the highest step first (none when
+// it does not exist). Not collective.
+std::vector<std::string> checkpoints_in(const std::string& dir);
 
 // Writes the checkpoint of step state.step into folder `dir` (created when missing) as
 // described above, then keeps the newest `keep` (>= 1) checkpoints of the folder: the one

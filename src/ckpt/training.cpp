@@ -159,6 +159,51 @@ std::string checkpoint_dir(const Config& config) {
   return !d.empty() && d[0] == '/' ? d : config.run.out_dir + "/" + d;
 }
 
+namespace {
+// "ckpt_00000004.h5, ckpt_00000002.h5" (at most 3 named)
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < 3; ++i) out += cat(i ? ", " : "", names[i]);
+  return names.size() > 3 ? cat(out, " and ", names.size() - 3, " more") : out;
+}
+
+// Rank 0: why this run may not use the checkpoints in its folder, or "". A fresh run that writes
+// checkpoints would prune another run's: refused, unless checkpoint%overwrite (then they are
+// removed here). restart = 'latest' without `latest` in a folder of checkpoints would start
+// from step 0 and prune them: refused.
+std::string checkpoints_problem(const Config& config) {
+  const std::string dir = checkpoint_dir(config);
+  const std::string& restart = config.checkpoint.restart;
+  std::error_code ec;
+  if (restart == "latest" &&
+      std::filesystem::exists(std::filesystem::symlink_status(dir + "/latest", ec))) {
+    try {  // a `latest` that names no file is found here, before anything is written
+      resolve_checkpoint(restart, dir);
+      return "";
+    } catch (const Error& e) {
+      return cat("checkpoint%restart = 'latest': ", e.what());
+    }
+  }
+  if (!restart.empty() && restart != "latest") return "";
+  if (restart.empty() && config.checkpoint.every == 0) return "";
+  const std::vector<std::string> found = checkpoints_in(dir);
+  if (found.empty()) return "";
+  if (restart == "latest")
+    return cat("checkpoint%restart = 'latest': ", dir, " has no `latest` pointer but holds ",
+               listed(found), "; name one (checkpoint%restart = '", dir, "/", found[0],
+               "'), or move them away to start afresh");
+  if (!config.checkpoint.overwrite)
+    return cat("checkpoint%dir ", dir, " holds checkpoints of an earlier run (", listed(found),
+               "): set checkpoint%restart = 'latest' to continue it, checkpoint%overwrite = "
+               ".true. to remove them, or choose another folder");
+  for (const std::string& n : found) std::filesystem::remove(dir + "/" + n, ec);
+  std::filesystem::remove(dir + "/latest", ec);
+  log::info(cat("checkpoint: removed ", found.size(), " checkpoint(s) of an earlier run from ", dir,
+                " (checkpoint%overwrite)"));
+  return "";
+}
+}  // namespace
+
 void check_writable(const Config& config, MPI_Comm comm) {
   std::string error;
   if (mpi::rank(comm) == 0) {
@@ -168,6 +213,7 @@ void check_writable(const Config& config, MPI_Comm comm) {
     };
     check("run%out_dir", config.run.out_dir, true);
     check("checkpoint%dir", checkpoint_dir(config), config.checkpoint.every > 0);
+    if (error.empty()) error = checkpoints_problem(config);
   }
   mpi::agree(comm, error, kExitInput);
 }
@@ -203,8 +249,9 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>
   using T = typename P::master;
   if (config.checkpoint.restart.empty()) return 0;
   if (config.checkpoint.restart == "latest") {
-    // Rank 0 looks for everyone.
-    const bool here = log::rank() == 0 && std::ifstream(checkpoint_dir(config) + "/latest").good();
+    // Rank 0 looks for everyone (check_writable has refused a folder of checkpoints without it).
+    const bool here = log::rank() == 0 && std::filesystem::exists(std::filesystem::symlink_status(
+                                              checkpoint_dir(config) + "/latest"));
     if (mpi::max(MPI_COMM_WORLD, here) == 0) {
       log::warn(cat("checkpoint%restart = 'latest' but ", checkpoint_dir(config),
                     " has no checkpoint yet: starting from step 0"));
