@@ -20,6 +20,7 @@
 #endif
 
 #include <Kokkos_Core.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -436,12 +437,17 @@ int run(int argc, char** argv, int world_rank, int world_size) {
     log::info(cat("model: vocab ", dims.V, " padded to ", dims.Vpad, " (a multiple of tp = ",
                   config.parallel.tp, "); padded rows never win the softmax"));
   ckpt::check_writable(config, MPI_COMM_WORLD);  // out_dir and checkpoint%dir, before step 1
+  std::string unwritten;
   if (world_rank == 0) {
-    const std::string echo = deck::echo(config);
-    std::ofstream(config.run.out_dir + "/deck.nml") << echo;
-    log::info("resolved deck (also in " + config.run.out_dir + "/deck.nml):\n" + echo);
+    const std::string echo = deck::echo(config), path = config.run.out_dir + "/deck.nml";
+    std::ofstream out(path);
+    if (!(out << echo).flush())
+      unwritten =
+          cat(path, ": cannot write the resolved deck: ", std::strerror(errno ? errno : EIO));
+    else
+      log::info("resolved deck (also in " + path + "):\n" + echo);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  mpi::agree(MPI_COMM_WORLD, unwritten, kExitRuntime);
   check_fits(config, grid, o);  // before the trainer allocates anything
   // The one switch on the precision policy: everything below is instantiated per policy.
   const PrecisionPolicy policy = deck::precision_policy(config);

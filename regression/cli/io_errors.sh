@@ -3,7 +3,7 @@
 # final.h5 write that do not fit end the run within 30 s with one error (the same on every
 # rank, naming the file, the operation and the OS reason) instead of hanging; the previous
 # checkpoint and `latest`, and the previous final.h5, are left whole and nothing half-written
-# stays behind. Needs a small tmpfs: skipped where this process may not mount one.
+# stays behind. A log.csv that stops fitting ends the run at once (issue 29, defect 4). Needs a small tmpfs: skipped where this process may not mount one.
 set -euo pipefail
 : "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}" "${MPIEXEC:=mpirun}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -61,4 +61,19 @@ run fin --set checkpoint%save_final=.true. --set run%seed=7
 one_error fin "final\.h5\.tmp: .*No space left on device"
 cmp -s "$disk/fin/final.h5" "$tmp/final.h5" || fail "the previous final.h5 was changed"
 ! ls -A "$disk/fin" | grep -q '\.tmp' || fail "left behind: $(ls -A "$disk/fin")"
+rm -f "$disk/filler"
+rm -rf "$disk/fin"
+
+# 3. log.csv on a disk that fills up mid-run (issue 29, defect 4): said at once, not exit 0.
+dd if=/dev/zero of="$disk/filler" bs=4k 2>/dev/null || true
+truncate -s -16k "$disk/filler"
+rc=0
+timeout 60 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$deck" --set run%steps=300 \
+  --set train%micro_batch=8 --set run%eval_every=0 --set run%out_dir="'$disk/log'" \
+  >"$tmp/log.log" 2>&1 || rc=$?
+[ "$rc" != 124 ] || fail "log: still running after 60 s (hung?)"
+[ "$rc" != 0 ] || fail "log: a log.csv that could not be written ended with exit 0"
+grep -q "log\.csv: cannot write the row of step [0-9]*: No space left on device" "$tmp/log.log" ||
+  fail "log: no line saying log.csv could not be written: $(grep -i error "$tmp/log.log" | head -3)"
+grep -q "^step   300" "$tmp/log.log" && fail "log: trained on after log.csv failed"
 echo "io_errors: all checks passed"

@@ -367,7 +367,8 @@ TEST(Fit, SizesAsUsersWriteThem) {
   EXPECT_EQ(parse_bytes("1048576"), 1048576.0);
   EXPECT_EQ(parse_bytes("4kib"), 4096.0);
   EXPECT_EQ(parse_bytes("1EiB"), std::pow(1024.0, 6));
-  for (const char* bad : {"", "GiB", "80XB", "-1GiB", "0", "80GiBs", "nan"})
+  for (const char* bad :
+       {"", "GiB", "80XB", "-1GiB", "0", "80GiBs", "nan", "0.5B", "1e-300GiB", "1e30GiB"})
     EXPECT_FALSE(parse_bytes(bad).has_value()) << bad;
 }
 

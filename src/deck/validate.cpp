@@ -204,6 +204,14 @@ void check_batch_and_axes(const Checker& ck, const Config& c) {
                cat("parallel%ep = ", p.ep, " does not divide model%n_expert = ", m.n_expert));
     ck.require(m.top_k <= m.n_expert,
                cat("model%top_k = ", m.top_k, " exceeds model%n_expert = ", m.n_expert));
+    ck.require(m.moe_every <= m.n_layer,
+               cat("model%moe_every = ", m.moe_every, " exceeds model%n_layer = ", m.n_layer,
+                   ": no block would have experts"));
+    // n_expert copies of the MLP (2*ffn_mult*d_model*d_model) in each MoE block.
+    const I64 mlp = ck.mul(2 * m.ffn_mult, ck.mul(m.d_model, m.d_model, "d_model^2"),
+                           "the MLP's 2*ffn_mult*d_model^2 parameters");
+    const I64 experts = ck.mul(m.n_expert, mlp, "model%n_expert*(the MLP's parameters)");
+    ck.mul(experts, m.n_layer, "model%n_layer*n_expert*(the MLP's parameters)");
   } else {
     ck.require(p.ep == 1,
                cat("parallel%ep = ", p.ep, " needs model%n_expert > 0 (the model has no experts)"));
@@ -274,6 +282,21 @@ void validate(Config& c, int world_size) {
   // An empty folder makes the output paths "/log.csv", "/final.h5": the file system's root.
   ck.require(!c.run.out_dir.empty(),
              "run%out_dir = '' is empty: name a folder for the output (e.g. 'out')");
+  // Blanks at either end of a folder name are invisible in the deck and in every message.
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string&>{"run%out_dir", c.run.out_dir},
+        {"checkpoint%dir", c.checkpoint.dir}}) {
+    const bool blank = value.find_first_not_of(' ') == std::string::npos;
+    ck.require(value.empty() || (!blank && value.front() != ' ' && value.back() != ' '),
+               cat(key, " = ", q(value),
+                   blank ? " is blank: name a folder"
+                         : " begins or ends with blanks: name the folder without them"));
+  }
+  for (const auto& [key, rank] :
+       {std::pair<const char*, I64>{"run%debug_fail_rank", c.run.debug_fail_rank},
+        {"run%debug_hang_rank", c.run.debug_hang_rank}})
+    ck.require(rank < world_size, cat(key, " = ", rank, " is not a rank of this run (", world_size,
+                                      world_size == 1 ? " rank)" : " ranks)"));
   check_keys(ck, c);  // again: a Config may also be built in code
   check_grid(ck, c, world_size);
   check_sizes(ck, c);

@@ -1,8 +1,10 @@
 #include "parallel/report.hpp"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 
@@ -181,7 +183,10 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
   }
   for (std::size_t c = 0; c < columns_.size(); ++c)
     csv_ << cell[columns_[c]] << (c + 1 < columns_.size() ? ',' : '\n');
-  csv_.flush();
+  // A full disk or a quota: said at once, and the job ends (rank 0 alone writes the log).
+  if (!csv_.flush())
+    throw Error(cat(config_.run.out_dir, "/log.csv: cannot write the row of step ", r.step, ": ",
+                    std::strerror(errno ? errno : EIO)));
   const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
                      r.step == config_.run.steps || !std::isnan(val_loss) || r.skipped;
   if (!print) return;

@@ -387,8 +387,9 @@ void Trainer<P>::skip_nonfinite(StepResult& r) {
   throw Error(cat("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, where,
                   skip ? cat(" (", config_.train.max_skips, " steps skipped in a row)")
                        : std::string(" (train%nonfinite = 'stop')"),
-                  ". No checkpoint was written from this state; lower train%lr, or set "
-                  "train%nonfinite = 'skip' to drop such steps"),
+                  ". No checkpoint was written from this state; lower train%lr",
+                  skip ? std::string(", or raise train%max_skips")
+                       : std::string(", or set train%nonfinite = 'skip' to drop such steps")),
               kExitRuntime, ErrorScope::all_ranks);
 }
 

@@ -119,7 +119,10 @@ std::optional<double> parse_bytes(const std::string& text) {
       scale = std::pow(1000.0, power);
   }
   if (scale == 0) return std::nullopt;
-  return x * scale;
+  // At least one byte, and no more than a 64-bit count holds (1e30GiB is a typo, not a node).
+  const double bytes = x * scale;
+  if (!(bytes >= 1 && bytes <= 9.2e18)) return std::nullopt;
+  return bytes;
 }
 
 NodeMemory node_memory() {

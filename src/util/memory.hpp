@@ -116,7 +116,7 @@ std::string format_bytes(double bytes);
 // A size as users write it: "80GiB", "80 GiB", "512M", "1.5TB", "1048576" (bytes). Binary
 // units B, KiB, MiB, GiB, TiB, PiB, EiB and their one-letter forms K, M, G, T, P, E (as
 // Slurm's --mem); decimal kB, MB, GB, TB, PB, EB; any case; a trailing "/s" is allowed (a
-// bandwidth). Empty when the text is not such a size or is not positive.
+// bandwidth). Empty when the text is not such a size, or is below 1 byte or above 9.2e18.
 std::optional<double> parse_bytes(const std::string& text);
 
 // The memory of this node a process may use: the smallest of /proc/meminfo's MemTotal and a
