@@ -416,7 +416,10 @@ int run(int argc, char** argv, int world_rank, int world_size) {
     log::info(deck::help_deck());
     return kExitOk;
   }
-  if (o.plan) return run_plan(o, world_rank, world_size);
+  if (o.plan) {
+    signals::restore_default_handlers();  // a login-node tool: SIGTERM ends it
+    return run_plan(o, world_rank, world_size);
+  }
 
   Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);

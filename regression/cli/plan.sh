@@ -139,4 +139,26 @@ out=$("$PTRAIN" --plan "$tiny" --world 1 --set model%n_layer=100000 --set model%
   --set model%n_head=16 --set train%micro_batch=1 --set train%global_batch=1 --set model%seq_len=1)
 grep -q "parameters: 322,143,847,497,728 " <<<"$out" || fail "huge plan: $out"
 if grep -q -- " -[0-9]" <<<"$out"; then fail "negative numbers in the huge plan: $out"; fi
+refuse model%n_expert=9223372036854775804 "model%n_expert*(the MLP's parameters) overflows a 64-bit integer"
+refuse checkpoint%keep=2147483648 "checkpoint%keep = 2147483648 is out of range"
+
+# A deep pipeline answers in seconds, in a few KB (issue 29, defect 7: the schedule's picture
+# at pp = 1000 was 54 MB), and SIGTERM ends a plan at once.
+deep=(--plan "$tiny" --world 1000 --set parallel%pp=1000 --set model%n_layer=1000
+      --set train%global_batch=1000 --set train%micro_batch=1)
+t0=$SECONDS
+timeout 60 "$PTRAIN" "${deep[@]}" >"$tmp/deep" 2>&1 || fail "pp = 1000 plan: $(tail -3 "$tmp/deep")"
+echo "plan: pp = 1000 in $((SECONDS - t0)) s, $(wc -c <"$tmp/deep") bytes"
+[ "$(wc -c <"$tmp/deep")" -lt 100000 ] || fail "pp = 1000 plan: $(wc -c <"$tmp/deep") bytes"
+grep -q "not drawn for more than 32 stages" "$tmp/deep" || fail "pp = 1000: the schedule is drawn"
+"$PTRAIN" --plan "$tiny" --world 4000 --set parallel%pp=4000 --set model%n_layer=4000 \
+  --set train%global_batch=4000 --set train%micro_batch=1 >/dev/null 2>&1 &
+pid=$!
+sleep 1
+kill -TERM "$pid"
+rc=0
+for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid"; fail "--plan ignored SIGTERM"; fi
+wait "$pid" || rc=$?
+[ "$rc" = 143 ] || [ "$rc" = 0 ] || fail "--plan after SIGTERM: exit $rc"
 echo "plan: all checks passed"

@@ -100,15 +100,13 @@ int message_buffers(const OpList& ops) {
   return pool;
 }
 
-std::vector<StageNeeds> stage_needs(const Config& config) {
-  const int P = int(config.parallel.pp), v = int(config.parallel.virtual_stages);
-  const int m = int(micro_batches_per_step(config));
+std::vector<StageNeeds> compute_stage_needs(const std::string& schedule, int P, int m, int v) {
   std::vector<StageNeeds> out(static_cast<std::size_t>(P));
   if (P == 1) {
     out[0].in_flight.assign(std::size_t(v), 1);
     return out;
   }
-  const auto lists = make_schedule(schedule_kind(config.parallel.pp_schedule), P, m, v);
+  const auto lists = make_schedule(schedule_kind(schedule), P, m, v);
   const auto check = check_schedule(lists, P, m, v);
   for (int r = 0; r < P; ++r) {
     out[std::size_t(r)].in_flight = check.in_flight.at(std::size_t(r));
@@ -124,6 +122,25 @@ std::vector<StageNeeds> stage_needs(const Config& config) {
         std::max(message_buffers(lists[std::size_t(r)]), message_buffers(validation));
   }
   return out;
+}
+
+// The schedule's needs depend on (schedule, p, m, v) only, and the planner asks for them for
+// every shard and every knob setting it weighs: each is worked out once (a schedule of
+// 4,000 stages takes seconds).
+std::vector<StageNeeds> stage_needs(const Config& config) {
+  using Key = std::tuple<std::string, int, int, int>;
+  static std::map<Key, std::vector<StageNeeds>> known;
+  const Key key{config.parallel.pp_schedule, int(config.parallel.pp),
+                int(micro_batches_per_step(config)), int(config.parallel.virtual_stages)};
+  auto it = known.find(key);
+  if (it == known.end()) {
+    if (known.size() >= 64) known.clear();
+    it = known
+             .emplace(key, compute_stage_needs(std::get<0>(key), std::get<1>(key), std::get<2>(key),
+                                               std::get<3>(key)))
+             .first;
+  }
+  return it->second;
 }
 
 std::string with_commas(std::int64_t n) {
@@ -842,6 +859,12 @@ std::string fit_refusal(const Config& config, const Layout& layout, const Memory
 std::string schedule_picture(const Config& config) {
   const int P = int(config.parallel.pp), v = int(config.parallel.virtual_stages);
   const int deck_m = int(micro_batches_per_step(config));
+  constexpr int kMostRows = 32;  // a picture of more stages is not read, and grows as p^2
+  if (P > kMostRows)
+    return cat("pipeline schedule '", config.parallel.pp_schedule, "', p = ", P, ", v = ", v,
+               ", m = ", deck_m, ": not drawn for more than ", kMostRows,
+               " stages; equal-stage bubble (p-1)/(v*m+p-1) = ",
+               fixed("%.1f%%", 100 * pipeline_bubble(config)), "\n");
   const int m = 3 * v * deck_m + P <= 60 ? deck_m : 2 * P;
   const ScheduleKind kind = schedule_kind(config.parallel.pp_schedule);
   const auto lists = make_schedule(kind, P, m, v);

@@ -22,6 +22,12 @@ void install_stop_handlers() {
   std::signal(SIGTERM, on_stop_signal);
 }
 
+void restore_default_handlers() {
+  std::signal(SIGUSR1, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (g_stop_signal != 0) std::raise(int(g_stop_signal));
+}
+
 int stop_signal() { return int(g_stop_signal); }
 
 int agreed_stop_signal(MPI_Comm comm) { return int(mpi::max(comm, std::int64_t(stop_signal()))); }

@@ -9,6 +9,9 @@
 namespace ptrain::signals {
 
 void install_stop_handlers();
+// Work that trains nothing (--plan): the signals end it as they end any program again, and
+// one that came already ends it now.
+void restore_default_handlers();
 int stop_signal();  // this rank's first signal, 0 if none
 // The signal any rank of `comm` has received (0: none); collective.
 int agreed_stop_signal(MPI_Comm comm);
