@@ -6,7 +6,8 @@
 #  - train%nonfinite = 'skip' drops the bad step's update and goes on (log.csv column skipped);
 #  - SIGTERM during a long validation pass stops within seconds, with a checkpoint;
 #  - SIGUSR1 during set-up is a stop request (checkpoint, exit 0), not a kill;
-#  - a restart after a crash leaves one log.csv row per step.
+#  - a restart after a crash leaves one log.csv row per step;
+#  - train%spike_factor: a finite loss spike stops the run (or is skipped) like a NaN.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
 base=(--set model%vocab=61 --set train%micro_batch=4 --set run%log_every=1)
@@ -94,4 +95,27 @@ for bad in "model%init_from='$tmp/none.h5'" "checkpoint%restart='$tmp/none.h5'";
   [ "$(grep -c "none.h5" "$tmp/in.err")" = 1 ] || fail "$bad: $(cat "$tmp/in.err")"
   grep -q "MPI_ABORT" "$tmp/in.err" && fail "$bad: MPI_Abort banner"
 done
+# 7. A divergence that stays finite (issue 29, defect 5): with train%spike_factor a loss above
+# that factor times the recent median stops the run like a non-finite one, before any
+# checkpoint holds it ('stop'), or skips the step until max_skips ('skip').
+spike=(--set run%steps=40 --set run%eval_every=0 --set train%lr=0.3 --set train%warmup=20
+       --set train%micro_batch=4 --set train%spike_factor=1.1)
+set +e
+"$PTRAIN" "$deck" "${spike[@]}" --set checkpoint%every=1 --set checkpoint%keep=2 \
+  --set run%out_dir="'$tmp/spike'" >"$tmp/spike.log" 2>&1; rc=$?
+"$PTRAIN" "$deck" "${spike[@]}" --set train%nonfinite="'skip'" --set train%max_skips=3 \
+  --set run%out_dir="'$tmp/spike_skip'" >"$tmp/spike_skip.log" 2>&1; rc_skip=$?
+set -e
+[ "$rc" = 1 ] || fail "spike: exit $rc, expected 1: $(tail -3 "$tmp/spike.log")"
+line=$(grep "is above train%spike_factor = 1.1 times the median" "$tmp/spike.log") ||
+  fail "spike: no line naming the spike: $(tail -3 "$tmp/spike.log")"
+at=$(sed -n 's/^step \([0-9]*\): loss .*/\1/p' <<<"$line")
+[ "$(cat "$tmp/spike/checkpoints/latest")" = "$(printf 'ckpt_%08d.h5' $((at - 1)))" ] ||
+  fail "spike at step $at: latest is $(cat "$tmp/spike/checkpoints/latest")"
+echo "nonfinite: $line"
+[ "$rc_skip" = 1 ] || fail "spike, skip: exit $rc_skip, expected 1 after 3 skips"
+grep -q "(3 steps skipped in a row). No checkpoint was written from this state; lower train%lr, or raise train%max_skips" \
+  "$tmp/spike_skip.log" || fail "spike, skip: $(tail -2 "$tmp/spike_skip.log")"
+[ "$(awk -F, 'NR > 1 && $15 == 1' "$tmp/spike_skip/log.csv" | wc -l)" = 3 ] ||
+  fail "spike, skip: log.csv does not mark 3 skipped steps"
 echo "nonfinite: all checks passed"

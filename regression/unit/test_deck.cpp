@@ -679,6 +679,9 @@ TEST(DeckValidate, CrossFieldErrors) {
        "checkpoint%dir = '  ' is blank: name a folder"},
       {1, [](Config& c) { c.checkpoint.keep = 2147483648; },
        "checkpoint%keep = 2147483648 is out of range: must be in [1, 2147483647]"},
+      {1, [](Config& c) { c.train.spike_factor = 0.5; },
+       "train%spike_factor = 0.5 would flag ordinary steps: use a factor above 1 (e.g. 3), or 0 "
+       "for off"},
       {1, [](Config& c) { c.parallel.zero_scope = "node"; },
        "parallel%zero_scope = 'node' places ZeRO shards: it needs parallel%zero >= 1 (got 0)"},
       {2,

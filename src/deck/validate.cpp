@@ -241,6 +241,9 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   if (g != "auto" && g != m.dtype && !(g == "fp32" && m.dtype == "bf16"))
     ck.fail(cat("parallel%grad_dtype = ", q(g), " needs model%dtype = 'bf16' (got ", q(m.dtype),
                 "); leave it 'auto' for an ", m.dtype, " model"));
+  ck.require(c.train.spike_factor == 0 || c.train.spike_factor > 1,
+             cat("train%spike_factor = ", c.train.spike_factor,
+                 " would flag ordinary steps: use a factor above 1 (e.g. 3), or 0 for off"));
   if (c.parallel.zero_scope == "node") {
     ck.require(c.parallel.zero >= 1,
                cat("parallel%zero_scope = 'node' places ZeRO shards: it needs parallel%zero >= 1 "

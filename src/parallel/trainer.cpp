@@ -329,10 +329,14 @@ StepResult Trainer<P>::step(std::int64_t s) {
   r.grad_norm = std::sqrt(norm_squared);
   r.lr = lr_schedule_.at(s);
   // Loss and norm are the same on every rank, so every rank takes the same decision.
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
-    skip_nonfinite(r);
+  const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+  const double median = finite ? recent_median() : 0;
+  if (!finite || (median > 0 && r.loss > config_.train.spike_factor * median)) {
+    skip_nonfinite(r, finite ? median : 0);
   } else {
     consecutive_skips_ = 0;
+    recent_losses_.push_back(r.loss);
+    if (recent_losses_.size() > kRecentSteps) recent_losses_.pop_front();
     const double factor = optim::clip_factor(r.grad_norm, config_.train.clip);
     for (auto& ch : chunks_) {
       // Clipping scales the gradients inside the update: one pass over them, not two.
@@ -352,17 +356,36 @@ StepResult Trainer<P>::step(std::int64_t s) {
   return r;
 }
 
+template <class P>
+double Trainer<P>::recent_median() const {
+  if (config_.train.spike_factor <= 0 || recent_losses_.size() < kLeastSteps) return 0;
+  std::vector<double> v(recent_losses_.begin(), recent_losses_.end());
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 // train%nonfinite: 'skip' drops the step's update (no parameter or optimizer state changes)
 // until max_skips in a row; 'stop' (or too many skips) ends the run on every rank alike,
-// naming the first tensor with a non-finite gradient and its rank, before any checkpoint
-// could be written from that state.
+// naming the first tensor with a non-finite gradient and its rank (or, for a loss spike, the
+// median it exceeded), before any checkpoint could be written from that state.
 template <class P>
-void Trainer<P>::skip_nonfinite(StepResult& r) {
+void Trainer<P>::skip_nonfinite(StepResult& r, double spike_median) {
   const bool skip = config_.train.nonfinite == "skip";
   if (skip && ++consecutive_skips_ <= config_.train.max_skips) {
     r.skipped = true;
     return;
   }
+  const std::string how = skip ? cat(" (", config_.train.max_skips, " steps skipped in a row)")
+                               : std::string(" (train%nonfinite = 'stop')");
+  const std::string advice =
+      skip ? std::string(", or raise train%max_skips")
+           : std::string(", or set train%nonfinite = 'skip' to drop such steps");
+  if (spike_median > 0)
+    throw Error(cat("step ", r.step, ": loss ", r.loss, " is above train%spike_factor = ",
+                    config_.train.spike_factor, " times the median ", spike_median, " of the last ",
+                    recent_losses_.size(), " steps (gradient norm ", r.grad_norm, ")", how,
+                    ". No checkpoint was written from this state; lower train%lr", advice),
+                kExitRuntime, ErrorScope::all_ranks);
   // The first non-finite gradient in model order: chunk by global chunk, tensor by tensor.
   int key = std::numeric_limits<int>::max();
   std::string name;
@@ -384,12 +407,8 @@ void Trainer<P>::skip_nonfinite(StepResult& r) {
       -least[0] < std::numeric_limits<int>::max()
           ? cat("; the first non-finite gradient is ", name, " on rank ", rank)
           : std::string("; every gradient is finite (the loss is not)");
-  throw Error(cat("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, where,
-                  skip ? cat(" (", config_.train.max_skips, " steps skipped in a row)")
-                       : std::string(" (train%nonfinite = 'stop')"),
-                  ". No checkpoint was written from this state; lower train%lr",
-                  skip ? std::string(", or raise train%max_skips")
-                       : std::string(", or set train%nonfinite = 'skip' to drop such steps")),
+  throw Error(cat("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, where, how,
+                  ". No checkpoint was written from this state; lower train%lr", advice),
               kExitRuntime, ErrorScope::all_ranks);
 }
 

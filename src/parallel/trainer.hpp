@@ -5,6 +5,7 @@
 // every token of the global batch, whatever the grid.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -89,7 +90,13 @@ class Trainer {
   void moe_summary(StepResult& r);
   // Loss sum and the squared gradient norm, summed over every rank at once.
   std::pair<double, double> loss_and_norm_squared(double loss_sum);
-  void skip_nonfinite(StepResult& r);  // or throws (train%nonfinite)
+  // A non-finite step, or (spike_median > 0) a finite loss above train%spike_factor times
+  // that median: skipped, or throws (train%nonfinite).
+  void skip_nonfinite(StepResult& r, double spike_median = 0);
+  // The median loss of the last kRecentSteps updated steps: 0 with train%spike_factor off or
+  // fewer than kLeastSteps of them (the history starts again at a restart).
+  double recent_median() const;
+  static constexpr std::size_t kRecentSteps = 20, kLeastSteps = 5;
   // This rank's contiguous slice [first, first+count) of n samples.
   std::pair<std::int64_t, std::int64_t> my_slice(std::int64_t n) const;
 
@@ -115,6 +122,7 @@ class Trainer {
   std::vector<int> positions_;                  // this rank's of each sample (empty: all)
   std::vector<std::int32_t> inputs_, targets_;  // one micro-batch, host
   std::int64_t consecutive_skips_ = 0;
+  std::deque<double> recent_losses_;  // of the updated steps, the newest last
 };
 
 }  // namespace ptrain::parallel
