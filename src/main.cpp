@@ -355,7 +355,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     runlog.step(r, val, wall_seconds() - t0);
     const bool periodic = config.checkpoint.every > 0 && s % config.checkpoint.every == 0;
     const int sig = signals::agreed_stop_signal(MPI_COMM_WORLD);
-    if (periodic || sig) ckpt::save(config, grid, trainer, s, r.lr);
+    if (periodic || sig) ckpt::save(config, grid, trainer, s, r.lr, last_val);
     if (sig) {
       write_trace();
       log::info(cat("stopped by signal ", sig, " after step ", s, " of ", config.run.steps,

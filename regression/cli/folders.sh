@@ -4,7 +4,8 @@
 #     refused (exit 2, one line naming the folder and what is there), the folder untouched;
 #  2. restart = 'latest' with no `latest` in a folder of checkpoints is refused the same way
 #     (it used to start from step 0 and prune them), and a `latest` naming a missing file too;
-#  3. checkpoint%overwrite = .true. removes the earlier run's checkpoints, then trains afresh.
+#  3. checkpoint%overwrite = .true. removes the earlier run's checkpoints, then trains afresh;
+#  4. checkpoint%keep_best keeps the checkpoint of the lowest validation loss besides the newest.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
 ck="$tmp/out/checkpoints"
@@ -49,4 +50,19 @@ run overwrite --set checkpoint%overwrite=.true.
 grep -q "removed 2 checkpoint(s) of an earlier run" "$tmp/overwrite.log" ||
   fail "overwrite: no line saying what was removed"
 [ "$(cat "$ck/latest")" = ckpt_00000004.h5 ] || fail "overwrite: latest is $(cat "$ck/latest")"
+# 4. checkpoint%keep_best (defect 5): besides the newest 2, the checkpoint of the lowest
+# validation loss stays, however old (the validation loss rises for a while at this lr).
+rm -rf "$tmp/out"
+best=(--set run%steps=12 --set run%eval_every=1 --set train%lr=0.3 --set train%warmup=20
+      --set train%micro_batch=4 --set data%val_samples=16 --set checkpoint%every=1
+      --set checkpoint%keep=2)
+rc=0
+timeout 120 "$PTRAIN" "$deck" "${best[@]}" --set checkpoint%keep_best=.true. --set run%out_dir="'$tmp/out'" \
+  >"$tmp/best.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || fail "keep_best: $(tail -3 "$tmp/best.log")"
+lowest=$(awk -F, 'NR > 1 { print $1, $3 }' "$tmp/out/log.csv" | sort -k2 -g | head -1 | cut -d' ' -f1)
+want=$(printf 'ckpt_%08d.h5\n' "$lowest" 11 12 | sort -u | tr '\n' ' ')
+[ "$(cd "$ck" && ls ckpt_* | tr '\n' ' ')" = "$want" ] ||
+  fail "keep_best: kept $(ls "$ck"), expected $want (lowest validation loss at step $lowest)"
+echo "folders: keep_best kept $want(lowest validation loss at step $lowest)"
 echo "folders: ok"

@@ -16,6 +16,7 @@
 
 #include "ckpt/common.hpp"
 #include "ckpt/h5.hpp"
+#include "ckpt/weights.hpp"
 #include "util/error.hpp"
 
 namespace ptrain::ckpt {
@@ -723,15 +724,35 @@ std::vector<std::string> files_in(const std::string& dir, F&& keep_name) {
   return out;
 }
 
-// Rank 0: keeps the file just written and, of the others, the keep - 1 of the highest steps;
+// The validation loss a checkpoint was written with, or +inf (none, or unreadable).
+double val_loss_of(const std::string& path) {
+  try {
+    const std::string text = read_string_attribute(path, kValLossAttribute);
+    char* end = nullptr;
+    const double x = std::strtod(text.c_str(), &end);
+    return end != text.c_str() && std::isfinite(x) ? x : HUGE_VAL;
+  } catch (const Error&) {
+    return HUGE_VAL;
+  }
+}
+
+// Rank 0: keeps the file just written and, of the others, the keep - 1 of the highest steps
+// and (keep_best) the one of the lowest validation loss when it is lower than the new file's;
 // removes temporary files left by crashed saves. Returns the removed files.
-std::vector<std::string> prune(const std::string& dir, const std::string& name, int keep) {
+std::vector<std::string> prune(const std::string& dir, const std::string& name, int keep,
+                               bool keep_best) {
   std::vector<std::string> removed = files_in(dir, is_temporary_name), others;
   for (const std::string& n : checkpoints_in(dir))
     if (n != name) others.push_back(n);
+  std::string best;
+  if (keep_best) {
+    double lowest = val_loss_of(in_folder(dir, name));
+    for (const std::string& n : others)
+      if (const double v = val_loss_of(in_folder(dir, n)); v < lowest) lowest = v, best = n;
+  }
   std::error_code ec;
   for (std::size_t i = static_cast<std::size_t>(keep - 1); i < others.size(); ++i)
-    removed.push_back(others[i]);
+    if (others[i] != best) removed.push_back(others[i]);
   for (const auto& n : removed) {
     fs::remove(in_folder(dir, n), ec);
     if (ec) throw Error(cat(in_folder(dir, n), ": cannot remove: ", ec.message()));
@@ -743,7 +764,7 @@ std::vector<std::string> prune(const std::string& dir, const std::string& name, 
 // The new pointer is written before anything is renamed, so a disk too full for it leaves the
 // folder as it was. Returns the removed files.
 std::vector<std::string> publish(const std::string& dir, const std::string& tmp,
-                                 const std::string& name, int keep) {
+                                 const std::string& name, int keep, bool keep_best) {
   const std::string pointer = in_folder(dir, "latest"), pointer_tmp = in_folder(dir, "latest.tmp");
   {
     std::ofstream out(pointer_tmp, std::ios::trunc);
@@ -758,7 +779,7 @@ std::vector<std::string> publish(const std::string& dir, const std::string& tmp,
   rename_synced(tmp, in_folder(dir, name));
   rename_path(pointer_tmp, pointer);
   sync_path(dir.empty() ? "." : dir, true);
-  return prune(dir, name, keep);
+  return prune(dir, name, keep, keep_best);
 }
 
 // Runs `publish` (returning the files it removed) on rank 0 and agrees on how it went; a
@@ -842,7 +863,8 @@ template <class T>
 SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
                            const std::vector<ChunkLayout>& chunks, const Buffers<const T>& buffers,
                            const TensorPredicate& holder, const CheckpointState& state,
-                           const std::map<std::string, std::string>& attributes, int keep) {
+                           const std::map<std::string, std::string>& attributes, int keep,
+                           bool keep_best) {
   h5::QuietErrors quiet;
   const double t0 = MPI_Wtime();
   const std::string name = checkpoint_file_name(state.step);
@@ -858,6 +880,7 @@ SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
   Packer st;
   for (auto b : state_bits(state)) st.u64(b);
   st.i64(keep);
+  st.i64(keep_best);
   require_same_on_all_ranks(comm, st.bytes, where, "the state (step, samples, t, seed, lr, keep)");
 
   // 2. The folder (made when missing) and the date, by rank 0 for everyone.
@@ -870,7 +893,8 @@ SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
   SaveReport report;
   std::tie(report.write_seconds, report.verify_seconds) =
       write_verified(tmp, comm, s, buffers, &state, attrs, where);
-  publish_on_root(comm, tmp, where, report, [&] { return publish(dir, tmp, name, keep); });
+  publish_on_root(comm, tmp, where, report,
+                  [&] { return publish(dir, tmp, name, keep, keep_best); });
   report.path = in_folder(dir, name);
   report.data_bytes = s.tensor_bytes + static_cast<std::int64_t>(std::size(kStateFields)) * 8;
   report.seconds = MPI_Wtime() - t0;
@@ -976,7 +1000,7 @@ CheckpointState load_checkpoint(const std::string& restart, const std::string& d
   template SaveReport save_checkpoint<T>(const std::string&, MPI_Comm,                             \
                                          const std::vector<ChunkLayout>&, const Buffers<const T>&, \
                                          const TensorPredicate&, const CheckpointState&,           \
-                                         const std::map<std::string, std::string>&, int);          \
+                                         const std::map<std::string, std::string>&, int, bool);    \
   template CheckpointState load_checkpoint<T>(const std::string&, const std::string&, MPI_Comm,    \
                                               const std::vector<ChunkLayout>&, const Buffers<T>&,  \
                                               const TensorPredicate&, CheckpointLoadReport*);      \

@@ -117,15 +117,19 @@ std::vector<std::string> checkpoints_in(const std::string& dir);
 
 // Writes the checkpoint of step state.step into folder `dir` (created when missing) as
 // described above, then keeps the newest `keep` (>= 1) checkpoints of the folder: the one
-// just written and, of the others, those of the highest steps. `attributes` become string
-// attributes of the root group and must be identical on every rank; the names
+// just written and, of the others, those of the highest steps; with `keep_best` also the one
+// whose kValLossAttribute is lowest (files without it, or unreadable, do not compete). `attributes`
+// become string attributes of the root group and must be identical on every rank; the names
 // format_version and checksum_algorithm are reserved. `state` must be the same on every rank.
 template <class T>
 SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
                            const std::vector<model::ChunkLayout>& chunks,
                            const Buffers<const T>& buffers, const TensorPredicate& holder,
                            const CheckpointState& state,
-                           const std::map<std::string, std::string>& attributes, int keep);
+                           const std::map<std::string, std::string>& attributes, int keep,
+                           bool keep_best = false);
+// The root attribute keep_best reads: the validation loss when the checkpoint was written.
+inline constexpr const char* kValLossAttribute = "val_loss";
 
 // Writes the parameters of `buffers` (its moments are ignored) as a weights file
 // (format_version 1, weights.hpp) at `path` from owned ranges, as save_checkpoint does: no rank

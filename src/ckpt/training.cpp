@@ -34,6 +34,13 @@ std::string fixed_seconds(double seconds) {
   return s;
 }
 
+// A loss to the last bit: "3.4817028045654297"
+std::string fixed_17(double x) {
+  char s[40];
+  std::snprintf(s, sizeof s, "%.17g", x);
+  return s;
+}
+
 // "1.40 GiB in 3.21 s = 445.12 MiB/s"
 std::string rate(double bytes, double seconds) {
   return cat(format_bytes(bytes), " in ", fixed_seconds(seconds),
@@ -284,18 +291,19 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>
 
 template <class P>
 void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer, std::int64_t step,
-          double lr) {
+          double lr, double val_loss) {
   using T = typename P::master;
   const CheckpointState state{step, step * config.train.global_batch, trainer.optimizer(0).t(),
                               std::uint64_t(config.run.seed), lr};
-  const std::map<std::string, std::string> attrs{
+  std::map<std::string, std::string> attrs{
       {"ptrain_version", PTRAIN_VERSION},    {"deck", deck::echo(config)},
       {"grid", grid.shape().str()},          {"zero", std::to_string(config.parallel.zero)},
       {"compute_dtype", config.model.dtype}, {"run", config.run.name}};
+  if (!std::isnan(val_loss)) attrs[kValLossAttribute] = fixed_17(val_loss);
   const auto report =
       save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
                          owned_state<const T>(trainer).buffers, state_holder(config, grid, trainer),
-                         state, attrs, int(config.checkpoint.keep));
+                         state, attrs, int(config.checkpoint.keep), config.checkpoint.keep_best);
   log::info(cat("checkpoint: step ", step, " ", saved(report)));
 }
 
@@ -314,10 +322,11 @@ void save_final(const Config& config, const Grid& grid, parallel::Trainer<P>& tr
   log::info(cat("checkpoint: final weights ", saved(report)));
 }
 
-#define PTRAIN_TRAINING_INSTANTIATE(P)                                                            \
-  template void initialise<P>(const Config&, const Grid&, parallel::Trainer<P>&);                 \
-  template std::int64_t resume<P>(const Config&, const Grid&, parallel::Trainer<P>&);             \
-  template void save<P>(const Config&, const Grid&, parallel::Trainer<P>&, std::int64_t, double); \
+#define PTRAIN_TRAINING_INSTANTIATE(P)                                                           \
+  template void initialise<P>(const Config&, const Grid&, parallel::Trainer<P>&);                \
+  template std::int64_t resume<P>(const Config&, const Grid&, parallel::Trainer<P>&);            \
+  template void save<P>(const Config&, const Grid&, parallel::Trainer<P>&, std::int64_t, double, \
+                        double);                                                                 \
   template void save_final<P>(const Config&, const Grid&, parallel::Trainer<P>&);
 PTRAIN_TRAINING_INSTANTIATE(Fp32)
 PTRAIN_TRAINING_INSTANTIATE(Fp64)

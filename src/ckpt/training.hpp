@@ -41,8 +41,10 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>
 // A checkpoint after `step` (lr: that step's learning rate, informational), logged with
 // its bandwidth.
 template <class P>
+// `val_loss`: the validation loss last measured (NaN: none yet), kept in the file for
+// checkpoint%keep_best.
 void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer, std::int64_t step,
-          double lr);
+          double lr, double val_loss);
 
 // out_dir/final.h5 (checkpoint%save_final), written like a checkpoint from what each rank
 // owns (its ZeRO shard, or the whole chunk): under a temporary name, verified, then renamed,
