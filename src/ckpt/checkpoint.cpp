@@ -706,10 +706,6 @@ void agree_folder_ready(MPI_Comm comm, const std::string& dir, const std::string
   mpi::agree(comm, error);
 }
 
-}  // namespace
-std::vector<std::string> checkpoints_in(const std::string& dir);
-namespace {
-
 // The regular files of `dir` whose names pass `keep_name`.
 template <class F>
 std::vector<std::string> files_in(const std::string& dir, F&& keep_name) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "comm/watchdog.hpp"
+#include "util/log.hpp"
 #include "util/memory.hpp"
 
 namespace ptrain::ckpt::detail {
@@ -336,7 +337,7 @@ IoPhase::IoPhase(const std::string& path, const std::string& discard) {
   }
   w.timeout = timeout;
   w.path = path, w.discard = discard, w.what.clear();
-  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  w.rank = log::rank();  // the world rank, as every message names it
   w.deadline = Clock::now() +
                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
   w.cv.notify_all();
@@ -409,9 +410,9 @@ void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes)
   struct rlimit limit {};
   if (error.empty() && getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
       limit.rlim_cur < rlim_t(bytes))
-    error = cat(path, ": create: rank ", mpi::rank(MPI_COMM_WORLD),
-                "'s file size limit (ulimit -f) is ", format_bytes(double(limit.rlim_cur)),
-                ", below the file's ", format_bytes(double(bytes)), "; raise it in the job script");
+    error = cat(path, ": create: rank ", log::rank(), "'s file size limit (ulimit -f) is ",
+                format_bytes(double(limit.rlim_cur)), ", below the file's ",
+                format_bytes(double(bytes)), "; raise it in the job script");
   mpi::agree(comm, error);
 }
 
