@@ -320,6 +320,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
 
   ckpt::initialise(config, grid, trainer);  // init_from, or from the seed
   const std::int64_t done = ckpt::resume(config, grid, trainer);
+  ckpt::Checkpoints<P> checkpoints(config, grid, trainer);
 
   // run%trace: every rank's timeline from here on (time zero just after a barrier).
   const std::string trace_dir = config.run.out_dir + "/trace";
@@ -353,16 +354,19 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
       busy += r.t_step;
     }
     runlog.step(r, val, wall_seconds() - t0);
+    checkpoints.poll(s);  // a background write that has ended: logged, or its error thrown
     const bool periodic = config.checkpoint.every > 0 && s % config.checkpoint.every == 0;
     const int sig = signals::agreed_stop_signal(MPI_COMM_WORLD);
-    if (periodic || sig) ckpt::save(config, grid, trainer, s, r.lr, last_val);
+    if (periodic || sig) checkpoints.save(s, r.lr, last_val);
     if (sig) {
+      checkpoints.wait(s);  // the stop's checkpoint is on disk before the job ends
       write_trace();
       log::info(cat("stopped by signal ", sig, " after step ", s, " of ", config.run.steps,
                     "; resume with --set checkpoint%restart='latest'"));
       return kExitOk;
     }
   }
+  checkpoints.wait(config.run.steps);
   write_trace();
   if (done >= config.run.steps)
     log::info(cat("restart: the checkpoint is at step ", done, " of ", config.run.steps,
@@ -464,9 +468,12 @@ int run(int argc, char** argv, int world_rank, int world_size) {
 // on every rank alike exits cleanly with its code.
 int guarded_main(int argc, char** argv) {
   signals::install_stop_handlers();  // a stop signal during set-up is a request, not a kill
-  int provided = 0;  // only the main thread calls MPI; Kokkos OpenMP threads never do
+  // The main thread calls MPI, and with checkpoint%async a checkpoint's writing thread too
+  // (over its own communicator); Kokkos' OpenMP threads never do. A library that provides less
+  // refuses only checkpoint%async (ckpt::Checkpoints).
+  int provided = 0;
   device_guard::prepare_mpi();
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -35,3 +35,34 @@ for np in 1 2; do
     "$(awk -v a="$r" -v d="$disk" 'BEGIN{print 100*a/d}')"
   rm -rf "$out"
 done
+
+# The step-time cost of a checkpoint (issue 29): the same 11 steps on 2 ranks (ZeRO 1) without
+# a checkpoint, with one after step 6 written in the step (sync), and with it written in the
+# background (checkpoint%async) while steps 7-11 run; wall time of the whole run, rounds in
+# alternating order. cost = (run - run without) per checkpoint, against the sync cost.
+rounds=${ROUNDS:-3}
+cost=(--set train%global_batch=2 --set train%micro_batch=1 --set model%seq_len=128
+      --set run%steps=11 --set run%log_every=1000 --set checkpoint%every=6)
+timed() {  # timed NAME [--set ...]: seconds of one run
+  local name=$1 t0 t1
+  shift
+  rm -rf "$dir/$name"
+  t0=$(date +%s.%N)
+  "${mpirun[@]}" -np 2 "$ptrain" "$here/input/gpt2-124m.nml" "${shape[@]}" "${cost[@]}" \
+    --set parallel%zero=1 --set run%out_dir="'$dir/$name'" "$@" >"$dir/$name.log" 2>&1
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
+}
+echo
+echo "checkpoint step cost: 11 steps, one checkpoint after step 6, 2 ranks, ZeRO 1 ($rounds rounds)"
+printf '%-6s %10s %10s %10s %12s %12s %8s\n' round "none s" "sync s" "async s" "sync cost" "async cost" "ratio"
+for k in $(seq "$rounds"); do
+  if [ $((k % 2)) = 1 ]; then
+    n=$(timed none --set checkpoint%every=0); s=$(timed sync); a=$(timed async --set checkpoint%async=.true.)
+  else
+    a=$(timed async --set checkpoint%async=.true.); s=$(timed sync); n=$(timed none --set checkpoint%every=0)
+  fi
+  grep -q "checkpoint: step 6 -> .*in the background" "$dir/async.log" || { echo "async run: no background write"; exit 1; }
+  awk -v k="$k" -v n="$n" -v s="$s" -v a="$a" 'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %12.2f %12.2f %8.2f\n",
+      k, n, s, a, s - n, a - n, (s - n > 0) ? (a - n) / (s - n) : 0 }'
+done

@@ -8,7 +8,9 @@
 #  2. a checkpoint's writes fail with EIO on rank 0 (lib/fail_writes.c, preloaded), in the
 #     data and at the end of the file, where the failing write is HDF5's metadata flush inside
 #     the close: the ranks part ways inside HDF5 and the I/O watchdog ends the job after
-#     run%hang_timeout, with one line (final.h5 goes through the same code).
+#     run%hang_timeout, with one line (final.h5 goes through the same code);
+#  4. the same faults of a checkpoint written in the background (checkpoint%async): the same
+#     line, every rank's at the next step end, or the I/O watchdog's while the steps go on.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 : "${PTRAIN_FAIL_WRITES_LIB:?}"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
@@ -86,4 +88,17 @@ run eio_close_ckpt "$(eio $((size - 1000)))" "" "${restart[@]}"
 one_line eio_close_ckpt "no progress for $hang s (run%hang_timeout)"
 [ "$took" -le $((hang + 30)) ] || fail "eio_close_ckpt: took ${took}s with run%hang_timeout = $hang"
 intact eio_close_ckpt
+
+# 4. In the background.
+async=(--set checkpoint%async=.true.)
+run limit_async "" "$tmp/limited.sh" "${restart[@]}" "${async[@]}"
+one_line limit_async "written in the background: .*rank 1's file size limit (ulimit -f)"
+intact limit_async
+run eio_data_async "$(eio 200000)" "" "${restart[@]}" "${async[@]}"
+one_line eio_data_async "ckpt_00000004.h5.*write"
+intact eio_data_async
+run eio_close_async "$(eio $((size - 1000)))" "" "${restart[@]}" "${async[@]}"
+one_line eio_close_async "no progress for $hang s (run%hang_timeout)"
+[ "$took" -le $((hang + 30)) ] || fail "eio_close_async: took ${took}s with run%hang_timeout = $hang"
+intact eio_close_async
 echo "io_faults: ok"

@@ -3,7 +3,9 @@
  * (not the MPI-IO layer's side files, whose names extend the file's) fail with EIO once
  * PTRAIN_FAIL_WRITES_AFTER bytes (default 0) have been written to such files: a disk that breaks
  * under one rank in the middle of a collective HDF5 write, which no check beforehand can see.
- * Without PTRAIN_FAIL_WRITES_MATCH it changes nothing.
+ * With PTRAIN_FAIL_WRITES_DELAY_MS each such write first sleeps that long: a slow file system,
+ * so that a background checkpoint write spans several training steps. Without
+ * PTRAIN_FAIL_WRITES_MATCH it changes nothing.
  *
  * How: open/open64/openat/creat remember the descriptors of matching paths (close forgets
  * them); write, pwrite, writev and pwritev on them (the calls of Open MPI's and ROMIO's POSIX
@@ -35,9 +37,11 @@ static int remember(int fd, const char *path) {
   if (fd >= 0 && fd < kMaxFd) watched[fd] = k > 0 && n >= k && strcmp(path + n - k, m) == 0;
   return fd;
 }
-/* 1 when this write to fd must fail (errno set), else counts it. */
+/* 1 when this write to fd must fail (errno set), else counts it (after the delay). */
 static int fails(int fd, size_t bytes) {
   if (fd < 0 || fd >= kMaxFd || !watched[fd]) return 0;
+  const char *delay = getenv("PTRAIN_FAIL_WRITES_DELAY_MS");
+  if (delay) usleep((useconds_t)(1000 * atoll(delay)));
   if (written + (long long)bytes > budget()) {
     errno = EIO;
     return 1;

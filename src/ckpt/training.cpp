@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,10 +12,13 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/common.hpp"
 #include "ckpt/weights.hpp"
 #include "deck/deck.hpp"
 #include "util/error.hpp"
@@ -289,22 +294,175 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>
   return state.step;
 }
 
-template <class P>
-void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer, std::int64_t step,
-          double lr, double val_loss) {
-  using T = typename P::master;
-  const CheckpointState state{step, step * config.train.global_batch, trainer.optimizer(0).t(),
-                              std::uint64_t(config.run.seed), lr};
+namespace {
+// A checkpoint's root attributes: what wrote it, and (keep_best) the validation loss.
+std::map<std::string, std::string> checkpoint_attributes(const Config& config, const Grid& grid,
+                                                         double val_loss) {
   std::map<std::string, std::string> attrs{
       {"ptrain_version", PTRAIN_VERSION},    {"deck", deck::echo(config)},
       {"grid", grid.shape().str()},          {"zero", std::to_string(config.parallel.zero)},
       {"compute_dtype", config.model.dtype}, {"run", config.run.name}};
   if (!std::isnan(val_loss)) attrs[kValLossAttribute] = fixed_17(val_loss);
-  const auto report =
-      save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
-                         owned_state<const T>(trainer).buffers, state_holder(config, grid, trainer),
-                         state, attrs, int(config.checkpoint.keep), config.checkpoint.keep_best);
-  log::info(cat("checkpoint: step ", step, " ", saved(report)));
+  return attrs;
+}
+
+// A host copy of what this rank writes into a checkpoint: of its owned ranges of the masters
+// and moments, the parts of the tensors `holder` chooses (none on a ZeRO 0 replica that writes
+// nothing). The rest of each range is allocated, never touched and never read.
+template <class T>
+struct Snapshot {
+  std::vector<std::unique_ptr<T[]>> ranges;
+  Buffers<const T> buffers;
+  std::size_t bytes = 0;  // copied
+  std::unique_ptr<detail::WorkspaceCharge> charge;
+};
+
+template <class T, class P>
+Snapshot<T> take_snapshot(parallel::Trainer<P>& trainer, const TensorPredicate& holder) {
+  Snapshot<T> s;
+  Buffers<const T>& b = s.buffers;
+  b.moments = !trainer.optimizer(0).state().empty();
+  for (int c = 0; c < trainer.chunks(); ++c) {
+    auto& dp = trainer.data_parallel(c);
+    // view: what the optimizer updates (masters or moments); piece p of it -> a host range
+    auto copy = [&](const Kokkos::View<T*>& view, const auto& p) {
+      s.ranges.emplace_back(new T[std::size_t(p.hi - p.lo)]);  // uninitialised: not touched
+      T* range = s.ranges.back().get();
+      for (const auto& t : dp.layout().tensors) {
+        const std::int64_t lo = std::max<std::int64_t>(p.lo, t.offset),
+                           hi = std::min<std::int64_t>(p.hi, t.offset + t.numel);
+        if (t.tied_copy || !holder(t) || lo >= hi) continue;
+        const auto at = std::size_t(p.at + lo - p.lo), n = std::size_t(hi - lo);
+        staging::copy_out<T>(Kokkos::subview(view, Kokkos::make_pair(at, at + n)),
+                             range + (lo - p.lo), n);
+        s.bytes += n * sizeof(T);
+      }
+      return const_cast<const T*>(range);
+    };
+    for (const auto& p : dp.update_pieces()) {
+      const auto lo = std::size_t(p.lo), hi = std::size_t(p.hi);
+      b.params.push_back({copy(dp.update_params(), p), lo, hi, c});
+      if (b.moments)
+        for (const auto& [name, view] : trainer.optimizer(c).state())
+          (name == "m" ? b.m : b.v).push_back({copy(view, p), lo, hi, c});
+    }
+  }
+  s.charge = std::make_unique<detail::WorkspaceCharge>(s.bytes);
+  return s;
+}
+}  // namespace
+
+// A checkpoint being written in the background: the snapshot it writes, the thread, and how
+// the write ended (set by the thread before `done`).
+template <class P>
+struct Checkpoints<P>::Write {
+  using T = typename P::master;
+  std::int64_t step = 0;  // of the checkpoint
+  Snapshot<T> snapshot;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  SaveReport report;
+  std::optional<Error> error;
+};
+
+template <class P>
+Checkpoints<P>::Checkpoints(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer)
+    : config_(config), grid_(grid), trainer_(trainer) {
+  if (!config.checkpoint.async) return;
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE)  // the same library on every rank: every rank refuses
+    throw Error(
+        "checkpoint%async = .true. needs an MPI library with MPI_THREAD_MULTIPLE (its writing "
+        "thread calls MPI while training does), which this one does not provide; set it to "
+        ".false.",
+        kExitInput);
+  // Never freed: freeing is collective, which an error path cannot promise; MPI_Finalize does.
+  mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &io_comm_), "MPI_Comm_dup");
+}
+
+template <class P>
+Checkpoints<P>::~Checkpoints() {
+  if (!in_flight_) return;
+  // Every rank's thread goes on with the same write, whatever ended this rank's steps; an I/O
+  // fault that parts them is the I/O watchdog's to end.
+  in_flight_->thread.join();
+  if (!in_flight_->error)
+    log::info(cat("checkpoint: step ", in_flight_->step, " ", saved(in_flight_->report),
+                  ", in the background"));
+}
+
+template <class P>
+void Checkpoints<P>::save(std::int64_t step, double lr, double val_loss) {
+  using T = typename P::master;
+  const CheckpointState state{step, step * config_.train.global_batch, trainer_.optimizer(0).t(),
+                              std::uint64_t(config_.run.seed), lr};
+  const auto attrs = checkpoint_attributes(config_, grid_, val_loss);
+  const TensorPredicate holder = state_holder(config_, grid_, trainer_);
+  const std::string dir = checkpoint_dir(config_);
+  const int keep = int(config_.checkpoint.keep);
+  const bool keep_best = config_.checkpoint.keep_best;
+  if (!config_.checkpoint.async) {
+    const auto report = save_checkpoint<T>(dir, MPI_COMM_WORLD, trainer_.layouts(),
+                                           owned_state<const T>(trainer_).buffers, holder, state,
+                                           attrs, keep, keep_best);
+    log::info(cat("checkpoint: step ", step, " ", saved(report)));
+    return;
+  }
+  const double t0 = MPI_Wtime();
+  const std::int64_t before = in_flight_ ? in_flight_->step : 0;
+  if (in_flight_) finish(step);  // at most one write in flight
+  const double t1 = MPI_Wtime();
+  auto w = std::make_unique<Write>();
+  w->step = step;
+  w->snapshot = take_snapshot<T>(trainer_, holder);
+  Write* write = w.get();
+  w->thread = std::thread([write, dir, comm = io_comm_, layouts = trainer_.layouts(), holder, state,
+                           attrs, keep, keep_best] {
+    try {
+      write->report = save_checkpoint<T>(dir, comm, layouts, write->snapshot.buffers, holder, state,
+                                         attrs, keep, keep_best);
+    } catch (const Error& e) {
+      write->error = e;
+    } catch (const std::exception& e) {
+      write->error = Error(cat("internal error: ", e.what()));
+    }
+    write->done.store(true, std::memory_order_release);
+  });
+  in_flight_ = std::move(w);
+  log::info(cat(
+      "checkpoint: step ", step, " copied to host memory (",
+      format_bytes(double(write->snapshot.bytes)), " on rank 0 in ",
+      fixed_seconds(MPI_Wtime() - t1), " s",
+      before ? cat(", after ", fixed_seconds(t1 - t0), " s waiting for step ", before, "'s write")
+             : std::string(),
+      "); writing it in the background"));
+}
+
+template <class P>
+void Checkpoints<P>::poll(std::int64_t step) {
+  if (!in_flight_) return;
+  const bool here = in_flight_->done.load(std::memory_order_acquire);
+  if (mpi::max(MPI_COMM_WORLD, here ? 0 : 1) == 0) finish(step);
+}
+
+template <class P>
+void Checkpoints<P>::wait(std::int64_t step) {
+  if (in_flight_) finish(step);
+}
+
+template <class P>
+void Checkpoints<P>::finish(std::int64_t step) {
+  const std::unique_ptr<Write> w = std::move(in_flight_);
+  w->thread.join();
+  if (w->error)  // the same on every rank (save_checkpoint agrees on it)
+    throw w->error->reworded(
+        cat("checkpoint of step ", w->step, ", written in the background: ", w->error->what()));
+  const std::string during = step > w->step + 1    ? cat("steps ", w->step + 1, "-", step)
+                             : step == w->step + 1 ? cat("step ", step)
+                                                   : std::string();
+  log::info(cat("checkpoint: step ", w->step, " ", saved(w->report), ", in the background",
+                during.empty() ? std::string() : cat(" during ", during)));
 }
 
 template <class P>
@@ -322,11 +480,10 @@ void save_final(const Config& config, const Grid& grid, parallel::Trainer<P>& tr
   log::info(cat("checkpoint: final weights ", saved(report)));
 }
 
-#define PTRAIN_TRAINING_INSTANTIATE(P)                                                           \
-  template void initialise<P>(const Config&, const Grid&, parallel::Trainer<P>&);                \
-  template std::int64_t resume<P>(const Config&, const Grid&, parallel::Trainer<P>&);            \
-  template void save<P>(const Config&, const Grid&, parallel::Trainer<P>&, std::int64_t, double, \
-                        double);                                                                 \
+#define PTRAIN_TRAINING_INSTANTIATE(P)                                                \
+  template void initialise<P>(const Config&, const Grid&, parallel::Trainer<P>&);     \
+  template std::int64_t resume<P>(const Config&, const Grid&, parallel::Trainer<P>&); \
+  template class Checkpoints<P>;                                                      \
   template void save_final<P>(const Config&, const Grid&, parallel::Trainer<P>&);
 PTRAIN_TRAINING_INSTANTIATE(Fp32)
 PTRAIN_TRAINING_INSTANTIATE(Fp64)

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "deck/config.hpp"
@@ -38,13 +39,42 @@ void initialise(const Config& config, const Grid& grid, parallel::Trainer<P>& tr
 template <class P>
 std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer);
 
-// A checkpoint after `step` (lr: that step's learning rate, informational), logged with
-// its bandwidth.
+// The checkpoints of a run (checkpoint%every, a stop signal), each written by
+// save_checkpoint (verified, published atomically, `latest` updated, older ones pruned, an
+// error the same on every rank). With checkpoint%async a thread of every rank writes it from a
+// host snapshot of what the rank holds (its masters and moments), over a communicator of its
+// own, while the steps go on; the steps after the snapshot change the tensors, not the copy.
+// At most one write is in flight: a save waits for the one before. Every member is collective
+// over the world, called at the same points on every rank.
 template <class P>
-// `val_loss`: the validation loss last measured (NaN: none yet), kept in the file for
-// checkpoint%keep_best.
-void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer, std::int64_t step,
-          double lr, double val_loss);
+class Checkpoints {
+ public:
+  Checkpoints(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer);
+  // Waits for a write still in flight (its thread ends on every rank alike); never throws.
+  ~Checkpoints();
+  Checkpoints(const Checkpoints&) = delete;
+  Checkpoints& operator=(const Checkpoints&) = delete;
+
+  // The checkpoint after `step` (lr: that step's learning rate, informational; val_loss: the
+  // validation loss last measured, NaN if none, kept for checkpoint%keep_best), logged with its
+  // bandwidth; in the background with checkpoint%async.
+  void save(std::int64_t step, double lr, double val_loss);
+  // At the end of `step`: when a background write has ended on every rank, logs it, or throws
+  // its error (the same on every rank). No communication when none is in flight.
+  void poll(std::int64_t step);
+  // Waits for the write in flight, if any, at the end of `step` (a stop, the end of the run),
+  // then logs it or throws its error as poll does.
+  void wait(std::int64_t step);
+
+ private:
+  struct Write;
+  void finish(std::int64_t step);  // joins the write in flight, logs it or throws its error
+  const Config& config_;
+  const Grid& grid_;
+  parallel::Trainer<P>& trainer_;
+  MPI_Comm io_comm_ = MPI_COMM_NULL;  // the writing thread's (checkpoint%async)
+  std::unique_ptr<Write> in_flight_;
+};
 
 // out_dir/final.h5 (checkpoint%save_final), written like a checkpoint from what each rank
 // owns (its ZeRO shard, or the whole chunk): under a temporary name, verified, then renamed,

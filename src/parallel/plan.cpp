@@ -251,6 +251,12 @@ void add_training_state(MemoryEstimate& est, const Config& config, const model::
     est.bytes[idx(MemCategory::grads)] += double(z.grads) * b.wg;
     est.bytes[idx(MemCategory::optimizer)] +=
         double(z.optimizer_range) * b.state_w * b.state_copies;
+    // checkpoint%async: the host snapshot of the owned masters and moments while a write is in
+    // flight (ckpt/training.hpp). On a GPU it is host memory, not the device's counted here.
+    if (config.checkpoint.async && config.backend.device != "cuda")
+      est.bytes[idx(MemCategory::workspace)] +=
+          double(z.optimizer_range) * b.state_w *
+          (1.0 + (config.train.optimizer == "adamw" ? 2.0 : 0.0));
     est.bytes[idx(MemCategory::comm)] += double(z.comm_grads) * b.wg + double(z.comm_params) * b.w +
                                          double(z.comm_wire) * double(sizeof(bf16));
   }

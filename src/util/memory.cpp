@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 #include "util/error.hpp"
 #include "util/log.hpp"
@@ -37,9 +38,12 @@ const char* to_string(MemCategory c) {
 
 namespace memory {
 namespace {
+// A background checkpoint write (ckpt/training.hpp) charges its buffers from its own thread.
+std::mutex g_mutex;
 MemoryStats g_stats;
-}
+}  // namespace
 void add(MemCategory c, std::size_t bytes) {
+  const std::lock_guard<std::mutex> lock(g_mutex);
   auto i = static_cast<int>(c);
   g_stats.current[i] += bytes;
   g_stats.total_current += bytes;
@@ -47,29 +51,35 @@ void add(MemCategory c, std::size_t bytes) {
   if (g_stats.total_current > g_stats.total_peak) g_stats.total_peak = g_stats.total_current;
 }
 void sub(MemCategory c, std::size_t bytes) {
+  const std::lock_guard<std::mutex> lock(g_mutex);
   auto i = static_cast<int>(c);
   g_stats.current[i] -= bytes;
   g_stats.total_current -= bytes;
 }
-const MemoryStats& stats() { return g_stats; }
+MemoryStats stats() {
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  return g_stats;
+}
 void reset_peaks() {
+  const std::lock_guard<std::mutex> lock(g_mutex);
   g_stats.peak = g_stats.current;
   g_stats.total_peak = g_stats.total_current;
 }
 void allocation_failed(MemCategory c, const std::string& label, std::size_t bytes,
                        const char* why) {
+  const MemoryStats now = stats();
   std::string held;
   for (int i = 0; i < static_cast<int>(MemCategory::count); ++i)
-    if (g_stats.current[std::size_t(i)] > 0)
+    if (now.current[std::size_t(i)] > 0)
       held += cat(held.empty() ? "" : ", ", to_string(MemCategory(i)), " ",
-                  format_bytes(double(g_stats.current[std::size_t(i)])));
+                  format_bytes(double(now.current[std::size_t(i)])));
   std::string words = why ? why : "";
   words = words.substr(0, words.find('\n'));  // Kokkos' first line
-  throw Error(
-      cat("out of memory on rank ", log::rank(), ": ", format_bytes(double(bytes)), " for ",
-          to_string(c), " ('", label, "') with ", format_bytes(double(g_stats.total_current)),
-          " already tracked here", held.empty() ? "" : " (" + held + ")",
-          "; ptrain --plan with --memory predicts each category and what to change (", words, ")"));
+  throw Error(cat("out of memory on rank ", log::rank(), ": ", format_bytes(double(bytes)), " for ",
+                  to_string(c), " ('", label, "') with ", format_bytes(double(now.total_current)),
+                  " already tracked here", held.empty() ? "" : " (" + held + ")",
+                  "; ptrain --plan with --memory predicts each category and what to change (",
+                  words, ")"));
 }
 
 void advise_huge_pages(void* p, std::size_t bytes) {

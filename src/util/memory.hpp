@@ -28,8 +28,8 @@ struct MemoryStats {
 namespace memory {
 void add(MemCategory c, std::size_t bytes);
 void sub(MemCategory c, std::size_t bytes);
-const MemoryStats& stats();
-void reset_peaks();  // peaks restart from the current use
+MemoryStats stats();  // a copy: the counters may change on another thread
+void reset_peaks();   // peaks restart from the current use
 // Throws Error (a fault of this rank, kExitRuntime): "out of memory on rank R: <size> for
 // <category> ('<label>') with <tracked> already tracked here (...); <allocator's words>".
 [[noreturn]] void allocation_failed(MemCategory c, const std::string& label, std::size_t bytes,
