@@ -156,6 +156,24 @@ TEST(Schedule, InterleavedPasses) {
       }
 }
 
+// The planner builds one rank's list at a time (4,000 stages): the same list, the same counts.
+TEST(Schedule, OneRanksListIsItsListInTheWholeSet) {
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, kInterleaved})
+    for (int P : {1, 2, 3, 5})
+      for (int v : {1, 3}) {
+        if (kind != kInterleaved && v > 1) continue;
+        const int m = 2 * P;
+        const auto lists = make_schedule(kind, P, m, v);
+        const ScheduleCheck c = check_schedule(lists, P, m, v);
+        for (int r = 0; r < P; ++r) {
+          const OpList one = make_rank_schedule(kind, P, m, v, r);
+          EXPECT_TRUE(one == lists[std::size_t(r)]) << "P=" << P << " v=" << v << " rank " << r;
+          EXPECT_EQ(list_in_flight(one, v), c.in_flight[std::size_t(r)]);
+        }
+      }
+  EXPECT_THROW(make_rank_schedule(ScheduleKind::gpipe, 2, 4, 1, 2), Error);
+}
+
 TEST(Schedule, GpipeAndOneFOneBBubbleIsExactlyTheFormula) {
   // Messages free, every rank computes m forwards and m backwards, so a rank's idle time
   // is the makespan minus m*(tf+tb); both schedules finish in (m+P-1)*(tf+tb), i.e. the

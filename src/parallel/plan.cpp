@@ -71,18 +71,22 @@ struct StageNeeds {
 };
 
 int message_buffers(const OpList& ops) {
-  std::set<std::tuple<bool, int, int>> pending;  // receives: (gradient, micro-batch, chunk)
+  // Receives posted and not yet used: (gradient, micro-batch, chunk). A few at a time.
+  std::vector<std::tuple<bool, int, int>> pending;
   int in_use = 0, pool = 0, sending = 0;
   auto take = [&] { pool = std::max(pool, ++in_use); };
   auto release = [&](bool grad, const Op& op) {
-    in_use -= int(pending.erase({grad, op.mb, op.chunk}));
+    const auto it = std::find(pending.begin(), pending.end(), std::tuple{grad, op.mb, op.chunk});
+    if (it == pending.end()) return;
+    pending.erase(it);
+    --in_use;
   };
   for (const Op& op : ops) {
     switch (op.kind) {
       case OpKind::recv_act:
       case OpKind::recv_grad:
         take();
-        pending.insert({op.kind == OpKind::recv_grad, op.mb, op.chunk});
+        pending.emplace_back(op.kind == OpKind::recv_grad, op.mb, op.chunk);
         break;
       case OpKind::send_act:
       case OpKind::send_grad:
@@ -100,16 +104,25 @@ int message_buffers(const OpList& ops) {
   return pool;
 }
 
+// Schedules of up to this many computes per rank times ranks are checked whole by the planner.
+constexpr std::int64_t kCheckedComputes = std::int64_t(1) << 20;
+
 std::vector<StageNeeds> compute_stage_needs(const std::string& schedule, int P, int m, int v) {
   std::vector<StageNeeds> out(static_cast<std::size_t>(P));
   if (P == 1) {
     out[0].in_flight.assign(std::size_t(v), 1);
     return out;
   }
-  const auto lists = make_schedule(schedule_kind(schedule), P, m, v);
-  const auto check = check_schedule(lists, P, m, v);
+  // Each rank's list on its own (a plan of 4,000 stages holds one list, not 4,000); the whole
+  // set is checked too where that is cheap (the trainer checks the set it runs).
+  const ScheduleKind kind = schedule_kind(schedule);
+  if (std::int64_t(P) * m * v <= kCheckedComputes) {
+    const auto check = check_schedule(make_schedule(kind, P, m, v), P, m, v);
+    PTRAIN_REQUIRE(check.error.empty(), "pipeline schedule: ", check.error);
+  }
   for (int r = 0; r < P; ++r) {
-    out[std::size_t(r)].in_flight = check.in_flight.at(std::size_t(r));
+    const OpList list = make_rank_schedule(kind, P, m, v, r);
+    out[std::size_t(r)].in_flight = list_in_flight(list, v);
     OpList validation;  // PipelineExecutor::forward_only, two micro-batches of it
     for (int mb = 0; mb < std::min(m, 2); ++mb)
       for (int c = 0; c < v; ++c) {
@@ -118,8 +131,7 @@ std::vector<StageNeeds> compute_stage_needs(const std::string& schedule, int P, 
         validation.push_back({OpKind::forward, mb, c, -1});
         if (g < v * P - 1) validation.push_back({OpKind::send_act, mb, c, (g + 1) % P});
       }
-    out[std::size_t(r)].buffers =
-        std::max(message_buffers(lists[std::size_t(r)]), message_buffers(validation));
+    out[std::size_t(r)].buffers = std::max(message_buffers(list), message_buffers(validation));
   }
   return out;
 }

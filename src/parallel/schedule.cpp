@@ -97,6 +97,7 @@ using ComputeOrder = std::vector<Compute>;
 
 ComputeOrder gpipe_order(int m) {
   ComputeOrder order;
+  order.reserve(std::size_t(2 * m));
   for (int mb = 0; mb < m; ++mb) order.push_back({OpKind::forward, mb, 0});
   for (int mb = 0; mb < m; ++mb) order.push_back({OpKind::backward, mb, 0});
   return order;
@@ -115,6 +116,7 @@ Compute interleaved_step(OpKind kind, int k, int P, int v) {
 // forward is followed by the oldest backward, then the remaining backwards drain it.
 ComputeOrder one_forward_one_backward(int P, int v, int total, int warmup) {
   ComputeOrder order;
+  order.reserve(std::size_t(2 * total));
   for (int k = 0; k < warmup; ++k) order.push_back(interleaved_step(OpKind::forward, k, P, v));
   for (int k = 0; k < total - warmup; ++k) {
     order.push_back(interleaved_step(OpKind::forward, warmup + k, P, v));
@@ -147,6 +149,7 @@ ComputeOrder compute_order(ScheduleKind kind, const Shape& s, int rank) {
 // previous compute (and its send), so it is posted as early as this rank's order allows.
 OpList place_messages(const ComputeOrder& order, const Shape& s, int rank) {
   OpList ops;
+  ops.reserve(order.size() * (s.P > 1 ? 3 : 1));  // a compute, its receive and its send
   for (const Compute& c : order) {
     const int g = s.global(rank, c.chunk);
     const int from = input_stage(c.kind, g), to = output_stage(c.kind, g);
@@ -279,16 +282,8 @@ std::string check_order(const std::vector<OpList>& lists, Positions& pos) {
 
 // in_flight[rank][chunk]: the most forwards done whose backward is not, along each list.
 std::vector<std::vector<int>> count_in_flight(const std::vector<OpList>& lists, const Shape& s) {
-  std::vector<std::vector<int>> most(std::size_t(s.P), std::vector<int>(std::size_t(s.v), 0));
-  for (int r = 0; r < s.P; ++r) {
-    std::vector<int> live(std::size_t(s.v), 0);
-    for (const Op& op : lists[std::size_t(r)]) {
-      const std::size_t c = std::size_t(op.chunk);
-      if (op.kind == OpKind::forward)
-        most[std::size_t(r)][c] = std::max(most[std::size_t(r)][c], ++live[c]);
-      if (op.kind == OpKind::backward) --live[c];
-    }
-  }
+  std::vector<std::vector<int>> most;
+  for (const OpList& list : lists) most.push_back(list_in_flight(list, s.v));
   return most;
 }
 
@@ -467,6 +462,23 @@ std::vector<OpList> make_schedule(ScheduleKind kind, int P, int m, int v) {
   std::vector<OpList> lists;
   for (int r = 0; r < P; ++r) lists.push_back(place_messages(compute_order(kind, s, r), s, r));
   return lists;
+}
+
+OpList make_rank_schedule(ScheduleKind kind, int P, int m, int v, int rank) {
+  if (std::string e = schedule_error(kind, P, m, v); !e.empty()) throw Error(e, kExitInput);
+  PTRAIN_REQUIRE(rank >= 0 && rank < P, "make_rank_schedule: rank ", rank, " of ", P);
+  const Shape s{P, m, v};
+  return place_messages(compute_order(kind, s, rank), s, rank);
+}
+
+std::vector<int> list_in_flight(const OpList& list, int v) {
+  std::vector<int> most(std::size_t(v), 0), live(std::size_t(v), 0);
+  for (const Op& op : list) {
+    const std::size_t c = std::size_t(op.chunk);
+    if (op.kind == OpKind::forward) most[c] = std::max(most[c], ++live[c]);
+    if (op.kind == OpKind::backward) --live[c];
+  }
+  return most;
 }
 
 ScheduleCheck check_schedule(const std::vector<OpList>& lists, int P, int m, int v) {

@@ -44,6 +44,12 @@ using OpList = std::vector<Op>;  // one rank's ordered operations for one step
 // 2021). Requires P >= 1, m >= 1, v >= 1; gpipe and 1f1b need v == 1; interleaved needs
 // m % P == 0. Throws ptrain::Error(kExitInput) naming the rule otherwise.
 std::vector<OpList> make_schedule(ScheduleKind kind, int P, int m, int v);
+// Rank `rank`'s list of make_schedule(kind, P, m, v) alone (each list depends only on its rank):
+// what a planner of thousands of stages needs one rank at a time.
+OpList make_rank_schedule(ScheduleKind kind, int P, int m, int v, int rank);
+// The most micro-batches whose forward is done and backward not yet done at any point of one
+// rank's list, per local chunk (ScheduleCheck::in_flight of that rank).
+std::vector<int> list_in_flight(const OpList& list, int v);
 // The message "" or why (kind, P, m, v) is not schedulable (the rules make_schedule enforces).
 std::string schedule_error(ScheduleKind kind, int P, int m, int v);
 
