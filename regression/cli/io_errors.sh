@@ -3,7 +3,10 @@
 # final.h5 write that do not fit end the run within 30 s with one error (the same on every
 # rank, naming the file, the operation and the OS reason) instead of hanging; the previous
 # checkpoint and `latest`, and the previous final.h5, are left whole and nothing half-written
-# stays behind. A log.csv that stops fitting ends the run at once (issue 29, defect 4). Needs a small tmpfs: skipped where this process may not mount one.
+# stays behind. A log.csv that stops fitting ends the run at once (issue 29, defect 4). A
+# checkpoint larger than the whole file system is refused before step 1, and a final.h5 larger
+# than the space free at the start is said then (issue 29, defect 8). Needs a small tmpfs:
+# skipped where this process may not mount one.
 set -euo pipefail
 : "${PTRAIN:?}" "${PTRAIN_SOURCE_DIR:?}" "${MPIEXEC:=mpirun}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -59,10 +62,20 @@ head -c 1300000 /dev/zero >"$disk/filler" 2>/dev/null || true
 run fin --set checkpoint%save_final=.true. --set run%seed=7
 [ "$rc" != 0 ] || fail "fin: a final.h5 that cannot fit was accepted"
 one_error fin "final\.h5\.tmp: .*No space left on device"
+[ "$(grep -c "^warning: checkpoint%save_final: .*final.h5 (about .*) is larger than the .* free there now" "$tmp/fin.log")" = 1 ] ||
+  fail "fin: no warning at the start that final.h5 is larger than the space free"
 cmp -s "$disk/fin/final.h5" "$tmp/final.h5" || fail "the previous final.h5 was changed"
 ! ls -A "$disk/fin" | grep -q '\.tmp' || fail "left behind: $(ls -A "$disk/fin")"
 rm -f "$disk/filler"
 rm -rf "$disk/fin"
+
+# 2b. A checkpoint larger than the whole file system (about 5 MB on 2 MB): refused before step 1.
+run big --set checkpoint%every=2 --set model%d_model=128
+[ "$rc" = 2 ] || fail "big: exit $rc, not 2: $(tail -2 "$tmp/big.log")"
+[ "$(grep -c "^checkpoint%every: a checkpoint in .* (about .*) can never fit: the file system there holds 2.00 MiB in all" "$tmp/big.log")" = 1 ] ||
+  fail "big: not one line saying the checkpoint can never fit: $(tail -2 "$tmp/big.log")"
+! grep -q "^step" "$tmp/big.log" || fail "big: trained before refusing"
+rm -rf "$disk/big"
 
 # 3. log.csv on a disk that fills up mid-run (issue 29, defect 4): said at once, not exit 0.
 dd if=/dev/zero of="$disk/filler" bs=4k 2>/dev/null || true

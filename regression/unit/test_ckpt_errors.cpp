@@ -34,6 +34,7 @@
 #include "ckpt/training.hpp"
 #include "ckpt/weights.hpp"
 #include "ckpt_test_support.hpp"
+#include "deck/deck.hpp"
 #include "model/layout.hpp"
 #include "test_support.hpp"
 #include "util/error.hpp"
@@ -386,7 +387,7 @@ TEST(CkptErrors, UnusableOutputFoldersAreFoundBeforeStepOne) {
   TempDir dir;
   if (world_rank() == 0) std::ofstream(dir.file("a_file")) << "x";
   barrier();
-  Config c{};
+  Config c = deck::defaults();
   c.checkpoint.dir = "checkpoints";
   c.checkpoint.every = 10;
   auto refusal = [&] {

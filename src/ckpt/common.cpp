@@ -407,13 +407,21 @@ void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes)
   std::string error = err ? cat(path, ": create: ", std::strerror(err), " (",
                                 format_bytes(double(bytes)), " needed)")
                           : std::string();
-  struct rlimit limit {};
-  if (error.empty() && getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-      limit.rlim_cur < rlim_t(bytes))
-    error = cat(path, ": create: rank ", log::rank(), "'s file size limit (ulimit -f) is ",
-                format_bytes(double(limit.rlim_cur)), ", below the file's ",
-                format_bytes(double(bytes)), "; raise it in the job script");
+  if (error.empty()) {
+    error = file_size_limit_problem(bytes);
+    if (!error.empty()) error = cat(path, ": create: ", error);
+  }
   mpi::agree(comm, error);
+}
+
+std::string file_size_limit_problem(std::int64_t bytes) {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+      limit.rlim_cur >= rlim_t(bytes))
+    return "";
+  return cat("rank ", log::rank(), "'s file size limit (ulimit -f) is ",
+             format_bytes(double(limit.rlim_cur)), ", below the file's ",
+             format_bytes(double(bytes)), "; raise it in the job script");
 }
 
 void keep_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes) {

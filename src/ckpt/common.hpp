@@ -317,6 +317,10 @@ std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_dataset
 // keeps it (fallocate KEEP_SIZE, freed by HDF5's truncate at the close), so space taken by
 // others in between cannot fail a write.
 void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes);
+// Why this rank's file size limit (ulimit -f) forbids a file of `bytes` ("rank 1's file size
+// limit (ulimit -f) is 300 KiB, below the file's 1.2 MiB; raise it in the job script"), or "".
+// Not collective.
+std::string file_size_limit_problem(std::int64_t bytes);
 // Rank 0 reserves `bytes` for the file at `path` without changing its size (see above).
 void keep_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes);
 // Testing: turns that check off, so that a full disk fails the writes themselves.
