@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/lock.hpp"
 #include "ckpt/training.hpp"
 #include "comm/watchdog.hpp"
 #include "deck/deck.hpp"
@@ -439,6 +440,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   if (dims.Vpad != dims.V)
     log::info(cat("model: vocab ", dims.V, " padded to ", dims.Vpad, " (a multiple of tp = ",
                   config.parallel.tp, "); padded rows never win the softmax"));
+  ckpt::FolderLocks locks;  // this run's folders are its own until run() ends, however it ends
   ckpt::check_writable(config, MPI_COMM_WORLD);  // out_dir and checkpoint%dir, before step 1
   std::string unwritten;
   if (world_rank == 0) {

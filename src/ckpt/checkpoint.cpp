@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -804,15 +803,6 @@ void publish_on_root(MPI_Comm comm, const std::string& tmp, const std::string& w
   Unpacker in(bytes.data(), bytes.size());
   report.file_bytes = in.i64();
   while (!in.done()) report.removed.push_back(in.str());
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -389,6 +390,15 @@ h5::Handle create_file(const std::string& path, MPI_Comm comm, const char* forma
   write("checksum_algorithm");
   for (const auto& [name, value] : attributes) write(name);
   return file;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_datasets,

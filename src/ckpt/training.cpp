@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/common.hpp"
+#include "ckpt/lock.hpp"
 #include "ckpt/weights.hpp"
 #include "deck/deck.hpp"
 #include "model/layout.hpp"
@@ -282,9 +283,12 @@ void check_file_sizes(const Config& config, MPI_Comm comm) {
 void check_writable(const Config& config, MPI_Comm comm) {
   std::string error;
   if (mpi::rank(comm) == 0) {
+    // Each folder is locked (ckpt/lock.hpp) before anything in it is written or removed.
     auto check = [&](const char* key, const std::string& dir, bool create) {
       const std::string problem = folder_unusable(dir, create);
       if (error.empty() && !problem.empty()) error = cat(key, " folder '", dir, "': ", problem);
+      std::error_code ec;
+      if (error.empty() && std::filesystem::is_directory(dir, ec)) error = lock_folder(key, dir);
     };
     check("run%out_dir", config.run.out_dir, true);
     check("checkpoint%dir", checkpoint_dir(config), config.checkpoint.every > 0);
@@ -369,6 +373,8 @@ void save(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer,
       {"grid", grid.shape().str()},          {"zero", std::to_string(config.parallel.zero)},
       {"compute_dtype", config.model.dtype}, {"run", config.run.name}};
   if (!std::isnan(val_loss)) attrs[kValLossAttribute] = fixed_17(val_loss);
+  // A checkpoint folder made after the start (a save on a signal) is locked now.
+  hold_folder(MPI_COMM_WORLD, "checkpoint%dir", checkpoint_dir(config));
   const auto report =
       save_checkpoint<T>(checkpoint_dir(config), MPI_COMM_WORLD, trainer.layouts(),
                          owned_state<const T>(trainer).buffers, state_holder(config, grid, trainer),

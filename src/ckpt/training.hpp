@@ -21,7 +21,8 @@ std::string checkpoint_dir(const Config& config);
 // so a mistake there ends the run at once rather than at the first save. Rank 0 creates
 // out_dir, and the checkpoint folder when checkpoint%every > 0 (otherwise it would only be
 // made by a save on a signal: then its nearest existing ancestor must be writable), and
-// writes a probe file in each. It also refuses (before deck.nml is written) a fresh run that
+// writes a probe file in each, then locks each existing one for this run (ckpt/lock.hpp;
+// the caller holds a FolderLocks). It also refuses (before deck.nml is written) a fresh run that
 // writes checkpoints into a folder holding some (checkpoint%overwrite removes them instead)
 // and restart = 'latest' in a folder of checkpoints without `latest`; then a checkpoint
 // (checkpoint%every > 0) or final.h5 (checkpoint%save_final) that can never be written, by the
