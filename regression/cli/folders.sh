@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A run never prunes checkpoints it did not write (issue 29, defects 2 and 3):
 #  1. a fresh run (restart = '') that writes checkpoints into a folder holding another run's is
-#     refused (exit 2, one line naming the folder and what is there), the folder untouched;
+#     refused (exit 2, one line naming the folder and what is there), the folder untouched; on
+#     4 ranks only rank 0, which prints the line, exits non-zero;
 #  2. restart = 'latest' with no `latest` in a folder of checkpoints is refused the same way
 #     (it used to start from step 0 and prune them), and a `latest` naming a missing file too;
 #  3. checkpoint%overwrite = .true. removes the earlier run's checkpoints, then trains afresh;
@@ -40,6 +41,20 @@ cp "$ck/ckpt_00000004.h5" "$tmp/kept.h5"
 run fresh
 refused fresh "holds checkpoints of an earlier run (ckpt_00000004.h5, ckpt_00000002.h5)" \
   "ckpt_00000002.h5 ckpt_00000004.h5 latest "
+
+# The same refusal on 4 ranks: printed once, the launcher exits 2, and only rank 0 exits
+# non-zero (issue 29, defect 8: a launcher that sees another rank's non-zero exit first may
+# drop rank 0's line).
+printf '%s\n' '#!/usr/bin/env bash' 'rc=0' '"$@" || rc=$?' \
+  'echo "rank ${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-?}}} exit $rc" >>"${0%/*}/codes"' \
+  'exit $rc' >"$tmp/code.sh"
+chmod +x "$tmp/code.sh"
+rc=0
+timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 4 "$tmp/code.sh" "$PTRAIN" "$deck" "${common[@]}" \
+  --set train%micro_batch=4 >"$tmp/fresh4.log" 2>&1 || rc=$?
+refused fresh4 "holds checkpoints of an earlier run" "ckpt_00000002.h5 ckpt_00000004.h5 latest "
+[ "$(sort "$tmp/codes" | tr '\n' ' ')" = "rank 0 exit 2 rank 1 exit 0 rank 2 exit 0 rank 3 exit 0 " ] ||
+  fail "fresh4: the ranks' exit codes are $(sort "$tmp/codes" | tr '\n' ' ')"
 
 # 2. No `latest`, then a dangling one.
 mv "$ck/latest" "$tmp/latest"
