@@ -11,8 +11,8 @@
 //     --version, --help
 //
 // Errors: a deck or argument error is found identically on every rank; rank 0 prints it
-// and every rank exits with code 2. Any other error on one rank prints
-// "[rank N] error: ..." and aborts the job with MPI_Abort.
+// and exits with code 2 (the other ranks with 0, so the launcher's code is rank 0's). Any
+// other error on one rank prints "[rank N] error: ..." and aborts the job with MPI_Abort.
 #include <mpi.h>
 #include <unistd.h>
 #ifdef PTRAIN_ENABLE_CUDA
@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/lock.hpp"
 #include "ckpt/training.hpp"
 #include "comm/watchdog.hpp"
 #include "deck/deck.hpp"
@@ -443,6 +444,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   if (dims.Vpad != dims.V)
     log::info(cat("model: vocab ", dims.V, " padded to ", dims.Vpad, " (a multiple of tp = ",
                   config.parallel.tp, "); padded rows never win the softmax"));
+  ckpt::FolderLocks locks;  // this run's folders are its own until run() ends, however it ends
   ckpt::check_writable(config, MPI_COMM_WORLD);  // out_dir and checkpoint%dir, before step 1
   std::string unwritten;
   if (world_rank == 0) {
@@ -464,8 +466,8 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   return train<Bf16>(config, grid, threads, o.bench);
 }
 
-// MPI around run(): one rank's fault aborts the job; an error raised
-// on every rank alike exits cleanly with its code.
+// MPI around run(): one rank's fault aborts the job; an error raised on every rank alike is
+// printed once and ends the job cleanly with its code (rank 0's exit status).
 int guarded_main(int argc, char** argv) {
   signals::install_stop_handlers();  // a stop signal during set-up is a request, not a kill
   // The main thread calls MPI, and with checkpoint%async a checkpoint's writing thread too
@@ -484,10 +486,13 @@ int guarded_main(int argc, char** argv) {
   } catch (const Error& e) {
     // Errors raised on every rank alike (the user's input, a diverged step): report once,
     // exit cleanly. One rank's error aborts the job so the others cannot hang.
+    // Only the rank that prints exits with the error's code: a launcher that sees another
+    // rank's non-zero exit first (Open MPI's mpirun) tears the job down at once and may drop
+    // rank 0's line still on its way. mpirun, mpiexec (Hydra) and srun return rank 0's code.
     if (e.on_all_ranks()) {
       if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
       MPI_Finalize();
-      return e.exit_code();
+      return rank == 0 ? e.exit_code() : kExitOk;
     }
     mpi::abort_job(e.what(), e.exit_code());
   } catch (const std::exception& e) {

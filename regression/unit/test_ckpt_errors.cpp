@@ -31,9 +31,11 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/common.hpp"
+#include "ckpt/lock.hpp"
 #include "ckpt/training.hpp"
 #include "ckpt/weights.hpp"
 #include "ckpt_test_support.hpp"
+#include "deck/deck.hpp"
 #include "model/layout.hpp"
 #include "test_support.hpp"
 #include "util/error.hpp"
@@ -384,9 +386,10 @@ TEST(CkptErrors, FinalWeightsReplaceThePreviousFileOnlyOnceWritten) {
 // Issue 11, defect 5: an unusable output or checkpoint folder was found at the first save.
 TEST(CkptErrors, UnusableOutputFoldersAreFoundBeforeStepOne) {
   TempDir dir;
+  ckpt::FolderLocks locks;  // check_writable locks the folders it accepts (ckpt/lock.hpp)
   if (world_rank() == 0) std::ofstream(dir.file("a_file")) << "x";
   barrier();
-  Config c{};
+  Config c = deck::defaults();
   c.checkpoint.dir = "checkpoints";
   c.checkpoint.every = 10;
   auto refusal = [&] {
@@ -413,7 +416,8 @@ TEST(CkptErrors, UnusableOutputFoldersAreFoundBeforeStepOne) {
   if (world_rank() == 0) {
     EXPECT_TRUE(fs::is_directory(c.run.out_dir));
     EXPECT_FALSE(fs::exists(c.run.out_dir + "/checkpoints"));
-    EXPECT_TRUE(entries(c.run.out_dir).empty()) << "the probe file was left behind";
+    EXPECT_EQ(entries(c.run.out_dir), std::vector<std::string>{".ptrain.lock"})
+        << "the probe file was left behind";
   }
   c.checkpoint.every = 5;
   ckpt::check_writable(c, MPI_COMM_WORLD);

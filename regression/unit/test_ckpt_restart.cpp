@@ -588,6 +588,77 @@ TEST(CkptRestart, SavesAtomicallyKeepsTheNewestAndIgnoresLeftovers) {
             "no checkpoint to restart from was named (restart is empty)");
 }
 
+// `latest` is read as one line naming a file, never as raw bytes (issue 29, defect 8): a symbolic
+// link counts by the name it links to when that is a checkpoint of the folder and is refused
+// otherwise; a binary file, a folder and a too long or non-ASCII name are refused or quoted
+// escaped and shortened, so no message carries raw bytes or runs on. Not collective: rank 0.
+TEST(CkptRestart, LatestIsReadAsANameNeverAsBytes) {
+  TempDir dir;
+  if (world_rank() != 0) return;
+  namespace fs = std::filesystem;
+  const std::string folder = dir.file("ck"), pointer = folder + "/latest";
+  fs::create_directories(folder);
+  fs::create_directories(dir.file("other"));
+  std::string hdf5("\x89HDF\r\n\x1a\n\0\0\0\0\0\x08\x08\0", 16);
+  hdf5 += std::string(4000, 'x');
+  for (const std::string& f : {folder + "/ckpt_00000004.h5", dir.file("other/ckpt_00000004.h5")})
+    std::ofstream(f, std::ios::binary) << hdf5;
+  auto point = [&](const std::string& bytes) {
+    fs::remove_all(pointer);
+    std::ofstream(pointer, std::ios::binary) << bytes;
+  };
+  auto link = [&](const std::string& target) {
+    fs::remove_all(pointer);
+    fs::create_symlink(target, pointer);
+  };
+  auto resolved = [&] { return error_of([&] { ckpt::resolve_checkpoint("latest", folder); }); };
+
+  link("ckpt_00000004.h5");
+  EXPECT_EQ(ckpt::resolve_checkpoint("latest", folder), folder + "/ckpt_00000004.h5");
+  link(folder + "/ckpt_00000004.h5");
+  EXPECT_EQ(ckpt::resolve_checkpoint("latest", folder), folder + "/ckpt_00000004.h5");
+  link("../ck/ckpt_00000004.h5");
+  EXPECT_EQ(ckpt::resolve_checkpoint("latest", folder), folder + "/ckpt_00000004.h5");
+  link("../other/ckpt_00000004.h5");
+  EXPECT_EQ(resolved(), pointer +
+                            " is a symbolic link to ../other/ckpt_00000004.h5, not to a "
+                            "checkpoint file (ckpt_<step>.h5) of " +
+                            folder + "; `latest` should be a one-line file naming one");
+  link("notes\x1b[2J.txt");
+  EXPECT_EQ(resolved(), pointer +
+                            " is a symbolic link to notes\\x1b[2J.txt, not to a checkpoint "
+                            "file (ckpt_<step>.h5) of " +
+                            folder + "; `latest` should be a one-line file naming one");
+  link("ckpt_00000009.h5");
+  EXPECT_EQ(resolved(), pointer + " is a symbolic link to ckpt_00000009.h5, which does not exist");
+
+  point(hdf5);  // a checkpoint copied over `latest`
+  EXPECT_EQ(resolved(), pointer +
+                            " is not a one-line file naming a checkpoint (it holds binary "
+                            "data: '\\x89HDF\\x0d\\x0a\\x1a\\x0a\\x00\\x00\\x00\\x00\\x00"
+                            "\\x08\\x08\\x00xxxxx...')");
+  point("ckpt_\x1b[31m.h5\n");
+  EXPECT_EQ(resolved(), pointer +
+                            " is not a one-line file naming a checkpoint (it holds binary "
+                            "data: 'ckpt_\\x1b[31m.h5\\x0a')");
+  point(std::string(300, 'a') + "\n");
+  EXPECT_EQ(resolved(),
+            pointer + " points at " + std::string(80, 'a') + "..., which does not exist");
+  point("ckpt_\xc3\xa9.h5\n");
+  EXPECT_EQ(resolved(), pointer + " points at ckpt_\\xc3\\xa9.h5, which does not exist");
+  point(std::string(5000, 'a'));
+  EXPECT_EQ(resolved(), pointer +
+                            " is not a one-line file naming a checkpoint (it holds a line "
+                            "too long for a file name: '" +
+                            std::string(60, 'a') + "...')");
+  fs::remove(pointer);
+  fs::create_directory(pointer);
+  EXPECT_EQ(resolved(), pointer + " is a folder, not a one-line file naming a checkpoint");
+  fs::remove(pointer);
+  point("  ckpt_00000004.h5 \r\n");
+  EXPECT_EQ(ckpt::resolve_checkpoint("latest", folder), folder + "/ckpt_00000004.h5");
+}
+
 TEST(CkptRestart, RefusesBadFilesAlikeOnEveryRankWithoutTouchingBuffers) {
   TempDir dir;
   const auto g = dense_decompositions().back();

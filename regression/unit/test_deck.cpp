@@ -422,14 +422,18 @@ TEST(DeckErrors, MalformedDecks) {
       {"&run steps = ,,, /", "deck.nml:1:16: too many values for run%steps (it is a scalar)"},
       {"&parallel order = 'p',,,,,,, /",
        "deck.nml:1:28: too many values for parallel%order (it has 5 elements)"},
+      // (reported at the comment, on the line of the '=', not at the value it hides)
       {"&run steps = ! the steps\n 5 /",
-       "deck.nml:2:2: a comment right after '=' or ',' ends the values of run%steps (gfortran "
-       "reads no value "
-       "after it): move the comment after the value"},
+       "deck.nml:1:14: a comment right after '=' or ',' ends the values of run%steps (gfortran "
+       "reads no value after it, not even the one at 2:2): move the comment after the value"},
+      {"&run steps = ! the steps\n 5\n/",
+       "deck.nml:1:14: a comment right after '=' or ',' ends the values of run%steps (gfortran "
+       "reads no value after it, not even the one at 2:2): move the comment after the value"},
       {"&parallel order = 'p', ! c\n 'd' /",
-       "deck.nml:2:2: a comment right after '=' or ',' ends the values of parallel%order (gfortran "
-       "reads no "
-       "value after it): move the comment after the value"},
+       "deck.nml:1:24: a comment right after '=' or ',' ends the values of parallel%order "
+       "(gfortran reads no value after it, not even the one at 2:2): move the comment after the "
+       "value"},
+      {"&run steps = 5 6\n/", "deck.nml:1:16: too many values for run%steps (it is a scalar)"},
       {"&run steps! c\n = 5 /", "deck.nml:1:13: expected '=' after 'steps'"},
       {"&parallel tp(1) = 2 /", "deck.nml:1:13: parallel%tp is a scalar and takes no array index"},
       {"&parallel order = 't','c','e','d','p','t' /",

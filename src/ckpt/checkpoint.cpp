@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -806,15 +805,6 @@ void publish_on_root(MPI_Comm comm, const std::string& tmp, const std::string& w
   while (!in.done()) report.removed.push_back(in.str());
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 }  // namespace
 
 std::vector<std::string> checkpoints_in(const std::string& dir) {
@@ -834,24 +824,80 @@ std::string checkpoint_file_name(std::int64_t step) {
   return buf;
 }
 
+namespace {
+// What a file system entry that is no regular file is, for a message.
+std::string kind_of(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::directory:
+      return "a folder";
+    case fs::file_type::fifo:
+      return "a named pipe";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::block:
+    case fs::file_type::character:
+      return "a device";
+    default:
+      return "no regular file";
+  }
+}
+
+// A `latest` that is a symbolic link (made by hand): the checkpoint it links to, when that is a
+// checkpoint file of `dir`; otherwise refused, saying what it links to.
+std::string linked_checkpoint(const std::string& pointer, const std::string& dir) {
+  std::error_code ec;
+  const fs::path target = fs::read_symlink(pointer, ec);
+  const std::string name = target.filename().string();
+  const fs::path parent = target.parent_path();
+  const fs::path folder = dir.empty() ? "." : dir;
+  const bool here = !ec && step_of_name(name) >= 0 &&
+                    (parent.empty() ||
+                     fs::equivalent(parent.is_absolute() ? parent : folder / parent, folder, ec));
+  if (!here)
+    throw Error(cat(pointer, " is a symbolic link to ", h5::printable(target.string(), 80),
+                    ", not to a checkpoint file (ckpt_<step>.h5) of ", folder.string(),
+                    "; `latest` should be a one-line file naming one"));
+  const std::string path = in_folder(dir, name);
+  if (!fs::is_regular_file(path, ec))
+    throw Error(cat(pointer, " is a symbolic link to ", name, ", which does not exist"));
+  return path;
+}
+}  // namespace
+
 std::string resolve_checkpoint(const std::string& restart, const std::string& dir) {
   if (restart.empty()) throw Error("no checkpoint to restart from was named (restart is empty)");
   if (restart != "latest") return restart;
   const std::string pointer = in_folder(dir, "latest");
   std::error_code ec;
-  if (!fs::is_regular_file(pointer, ec))
+  const fs::file_status st = fs::symlink_status(pointer, ec);
+  if (fs::is_symlink(st)) return linked_checkpoint(pointer, dir);
+  if (!fs::exists(st))
     throw Error(cat(pointer, ": no checkpoint to restart from (restart = 'latest' but ",
                     dir.empty() ? "." : dir, " has no 'latest' pointer)"));
-  std::ifstream in(pointer);
-  std::string name;
-  std::getline(in, name);
-  if (!in && !in.eof()) throw Error(cat(pointer, ": cannot read"));
-  const auto first = name.find_first_not_of(" \t\r\n"), last = name.find_last_not_of(" \t\r\n");
+  if (!fs::is_regular_file(st))
+    throw Error(cat(pointer, " is ", kind_of(st), ", not a one-line file naming a checkpoint"));
+  // One line naming a file: never more than a path's length is read, nor binary bytes used.
+  constexpr std::size_t kMost = 4096;
+  std::ifstream in(pointer, std::ios::binary);
+  std::string bytes(kMost + 1, '\0');
+  in.read(bytes.data(), std::streamsize(bytes.size()));
+  if (in.bad() || !in.is_open()) throw Error(cat(pointer, ": cannot read"));
+  bytes.resize(std::size_t(in.gcount()));
+  const bool binary = std::any_of(bytes.begin(), bytes.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return (u < 0x20 && c != '\n' && c != '\r' && c != '\t') || u == 0x7f;
+  });
+  std::string name = bytes.substr(0, bytes.find('\n'));
+  if (binary || name.size() > kMost)
+    throw Error(cat(pointer, " is not a one-line file naming a checkpoint (it holds ",
+                    binary ? "binary data" : "a line too long for a file name", ": '",
+                    h5::printable(bytes, 60), "')"));
+  const auto first = name.find_first_not_of(" \t\r"), last = name.find_last_not_of(" \t\r");
   name = first == std::string::npos ? "" : name.substr(first, last - first + 1);
   if (name.empty()) throw Error(cat(pointer, ": is empty (it should name a checkpoint file)"));
   const std::string target = fs::path(name).is_absolute() ? name : in_folder(dir, name);
   if (!fs::exists(target, ec))
-    throw Error(cat(pointer, " points at ", name, ", which does not exist"));
+    throw Error(cat(pointer, " points at ", h5::printable(name, 80), ", which does not exist"));
   return target;
 }
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -391,6 +392,15 @@ h5::Handle create_file(const std::string& path, MPI_Comm comm, const char* forma
   return file;
 }
 
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
 std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_datasets,
                                   const std::map<std::string, std::string>& attributes) {
   // Observed: about 400 bytes of metadata per dataset; the attributes are stored once.
@@ -407,13 +417,21 @@ void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes)
   std::string error = err ? cat(path, ": create: ", std::strerror(err), " (",
                                 format_bytes(double(bytes)), " needed)")
                           : std::string();
-  struct rlimit limit {};
-  if (error.empty() && getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-      limit.rlim_cur < rlim_t(bytes))
-    error = cat(path, ": create: rank ", log::rank(), "'s file size limit (ulimit -f) is ",
-                format_bytes(double(limit.rlim_cur)), ", below the file's ",
-                format_bytes(double(bytes)), "; raise it in the job script");
+  if (error.empty()) {
+    error = file_size_limit_problem(bytes);
+    if (!error.empty()) error = cat(path, ": create: ", error);
+  }
   mpi::agree(comm, error);
+}
+
+std::string file_size_limit_problem(std::int64_t bytes) {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+      limit.rlim_cur >= rlim_t(bytes))
+    return "";
+  return cat("rank ", log::rank(), "'s file size limit (ulimit -f) is ",
+             format_bytes(double(limit.rlim_cur)), ", below the file's ",
+             format_bytes(double(bytes)), "; raise it in the job script");
 }
 
 void keep_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes) {

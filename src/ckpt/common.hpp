@@ -302,6 +302,9 @@ h5::Handle create_file(const std::string& path, MPI_Comm comm, const char* forma
                        const std::map<std::string, std::string>& attributes,
                        const std::string& where);
 
+// The time now, UTC, ISO 8601: "2026-12-04T08:00:00Z".
+std::string utc_now();
+
 // A generous size of a file of `n_datasets` datasets holding `data_bytes` in all, with the
 // root `attributes` (HDF5's metadata included).
 std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_datasets,
@@ -317,6 +320,10 @@ std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_dataset
 // keeps it (fallocate KEEP_SIZE, freed by HDF5's truncate at the close), so space taken by
 // others in between cannot fail a write.
 void agree_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes);
+// Why this rank's file size limit (ulimit -f) forbids a file of `bytes` ("rank 1's file size
+// limit (ulimit -f) is 300 KiB, below the file's 1.2 MiB; raise it in the job script"), or "".
+// Not collective.
+std::string file_size_limit_problem(std::int64_t bytes);
 // Rank 0 reserves `bytes` for the file at `path` without changing its size (see above).
 void keep_space_for(MPI_Comm comm, const std::string& path, std::int64_t bytes);
 // Testing: turns that check off, so that a full disk fails the writes themselves.

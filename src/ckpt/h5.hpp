@@ -4,6 +4,7 @@
 #include <hdf5.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -27,22 +28,19 @@ class QuietErrors {
   void* data_ = nullptr;
 };
 
-// Text read from a file (a link or attribute name, an attribute's value) or given by HDF5, fit
-// for a one-line message: control characters written as \xNN, and cut to 200 characters.
-inline std::string printable(const std::string& text) {
-  constexpr std::size_t kLength = 200;
+// Text read from a file (a link or attribute name, an attribute's value, a `latest` pointer) or
+// given by HDF5, fit for a one-line message: bytes other than printable ASCII written as \xNN,
+// and cut to `length` characters of that.
+inline std::string printable(const std::string& text, std::size_t length = 200) {
   std::string out;
-  for (char c : text.substr(0, kLength)) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x",
-                    static_cast<unsigned>(static_cast<unsigned char>(c)));
-      out += hex;
-    } else {
-      out += c;
-    }
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    char piece[8] = {static_cast<char>(c), 0};
+    if (c < 0x20 || c >= 0x7f) std::snprintf(piece, sizeof piece, "\\x%02x", unsigned(c));
+    if (out.size() + std::strlen(piece) > length) return out + "...";
+    out += piece;
   }
-  return text.size() > kLength ? out + "..." : out;
+  return out;
 }
 
 // The most specific message on HDF5's current error stack ("truncated file: eof = ...").

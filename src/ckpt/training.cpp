@@ -1,7 +1,9 @@
 #include "ckpt/training.hpp"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -19,8 +21,10 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/common.hpp"
+#include "ckpt/lock.hpp"
 #include "ckpt/weights.hpp"
 #include "deck/deck.hpp"
+#include "model/layout.hpp"
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/memory.hpp"
@@ -216,18 +220,86 @@ std::string checkpoints_problem(const Config& config) {
 }
 }  // namespace
 
+namespace {
+// A file the run will write, with a generous size worked out from the deck alone.
+struct PlannedFile {
+  const char* key;         // the deck key that asks for it
+  std::string what;        // "a checkpoint in <folder>", "<out_dir>/final.h5"
+  std::string folder;      // where it goes
+  const char* folder_key;  // the deck key that chooses the folder
+  double bytes;
+};
+
+// A checkpoint (checkpoint%every > 0) holds the parameters and AdamW's m and v in the master
+// type (fp64 in an fp64 run, fp32 otherwise) and /state's five scalars; final.h5
+// (checkpoint%save_final) the parameters.
+std::vector<PlannedFile> planned_files(const Config& config) {
+  const double params = double(model::global_parameter_count(config));
+  const auto tensors = std::size_t(model::global_tensor_count(config));
+  const double elem = deck::precision_policy(config).master == Precision::fp64 ? 8 : 4;
+  const std::map<std::string, std::string> attributes{{"deck", deck::echo(config)}};
+  auto bytes = [&](std::size_t copies, std::size_t scalars) {
+    const double data = std::min(params * elem * double(copies) + 8.0 * double(scalars), 4e18);
+    return double(
+        detail::estimated_file_bytes(std::int64_t(data), tensors * copies + scalars, attributes));
+  };
+  std::vector<PlannedFile> out;
+  if (config.checkpoint.every > 0)
+    out.push_back({"checkpoint%every", cat("a checkpoint in ", checkpoint_dir(config)),
+                   checkpoint_dir(config), "checkpoint%dir",
+                   bytes(config.train.optimizer == "adamw" ? 3 : 1, 5)});
+  if (config.checkpoint.save_final)
+    out.push_back({"checkpoint%save_final", config.run.out_dir + "/final.h5", config.run.out_dir,
+                   "run%out_dir", bytes(1, 0)});
+  return out;
+}
+
+// A file that can never be written (larger than its file system, or than a rank's file size
+// limit) is refused before step 1, not found at its first save; one larger than the space free
+// now is said in one line. Collective over comm.
+void check_file_sizes(const Config& config, MPI_Comm comm) {
+  std::string error;
+  for (const PlannedFile& f : planned_files(config)) {
+    if (!error.empty()) break;
+    const std::string file = cat(f.key, ": ", f.what, " (about ", format_bytes(f.bytes), ")");
+    if (auto limit = detail::file_size_limit_problem(std::int64_t(f.bytes)); !limit.empty()) {
+      error = cat(file, " cannot be written: ", limit);
+      break;
+    }
+    std::filesystem::path at = f.folder;
+    std::error_code ec;
+    while (!at.empty() && !std::filesystem::exists(at, ec)) at = at.parent_path();
+    struct statvfs fs {};
+    if (mpi::rank(comm) != 0 || statvfs(at.empty() ? "." : at.c_str(), &fs) != 0) continue;
+    const double total = double(fs.f_blocks) * double(fs.f_frsize);
+    const double free = double(fs.f_bavail) * double(fs.f_frsize);
+    if (f.bytes > total)
+      error = cat(file, " can never fit: the file system there holds ", format_bytes(total),
+                  " in all; choose a folder on a larger one (", f.folder_key, ")");
+    else if (f.bytes > free)
+      log::warn(cat(file, " is larger than the ", format_bytes(free),
+                    " free there now: it will not be written unless space is freed first"));
+  }
+  mpi::agree(comm, error, kExitInput);
+}
+}  // namespace
+
 void check_writable(const Config& config, MPI_Comm comm) {
   std::string error;
   if (mpi::rank(comm) == 0) {
+    // Each folder is locked (ckpt/lock.hpp) before anything in it is written or removed.
     auto check = [&](const char* key, const std::string& dir, bool create) {
       const std::string problem = folder_unusable(dir, create);
       if (error.empty() && !problem.empty()) error = cat(key, " folder '", dir, "': ", problem);
+      std::error_code ec;
+      if (error.empty() && std::filesystem::is_directory(dir, ec)) error = lock_folder(key, dir);
     };
     check("run%out_dir", config.run.out_dir, true);
     check("checkpoint%dir", checkpoint_dir(config), config.checkpoint.every > 0);
     if (error.empty()) error = checkpoints_problem(config);
   }
   mpi::agree(comm, error, kExitInput);
+  check_file_sizes(config, comm);
 }
 
 template <class P>
@@ -402,6 +474,8 @@ void Checkpoints<P>::save(std::int64_t step, double lr, double val_loss) {
   const std::string dir = checkpoint_dir(config_);
   const int keep = int(config_.checkpoint.keep);
   const bool keep_best = config_.checkpoint.keep_best;
+  // A checkpoint folder made after the start (a save on a signal) is locked now.
+  hold_folder(MPI_COMM_WORLD, "checkpoint%dir", dir);
   if (!config_.checkpoint.async) {
     const auto report = save_checkpoint<T>(dir, MPI_COMM_WORLD, trainer_.layouts(),
                                            owned_state<const T>(trainer_).buffers, holder, state,

@@ -22,10 +22,14 @@ std::string checkpoint_dir(const Config& config);
 // so a mistake there ends the run at once rather than at the first save. Rank 0 creates
 // out_dir, and the checkpoint folder when checkpoint%every > 0 (otherwise it would only be
 // made by a save on a signal: then its nearest existing ancestor must be writable), and
-// writes a probe file in each. It also refuses (before deck.nml is written) a fresh run that
+// writes a probe file in each, then locks each existing one for this run (ckpt/lock.hpp;
+// the caller holds a FolderLocks). It also refuses (before deck.nml is written) a fresh run that
 // writes checkpoints into a folder holding some (checkpoint%overwrite removes them instead)
-// and restart = 'latest' in a folder of checkpoints without `latest`. Throws
-// Error(..., kExitInput) naming the key and the folder, the same on every rank.
+// and restart = 'latest' in a folder of checkpoints without `latest`; then a checkpoint
+// (checkpoint%every > 0) or final.h5 (checkpoint%save_final) that can never be written, by the
+// deck's estimate of its size: larger than its folder's file system or than any rank's file
+// size limit (one larger than the space free now is warned of). Throws Error(..., kExitInput)
+// naming the key and the folder, the same on every rank.
 void check_writable(const Config& config, MPI_Comm comm);
 
 // model%init_from (every rank reads the whole file and keeps its part), else the GPT-2

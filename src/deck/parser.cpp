@@ -234,6 +234,7 @@ struct Assigned {
 struct Values {
   std::vector<Assigned> items;
   bool after_comment = false;  // a comment stood where the next value should be
+  Location comment_at;         // where that comment starts (the line of the '=' or ',')
 };
 
 std::string shown_string(const std::string& s) {
@@ -448,11 +449,9 @@ class Reader {
         if (s.at_eol()) finish_separator();
         if (input_complete) return out;
         held = read_item(*t.spec);
-        if (held.stop) {
-          out.after_comment = held.comment;
-          return out;
-        }
         out.after_comment = held.comment;
+        out.comment_at = held.at;
+        if (held.stop) return out;
         repeat = held.repeat;
       }
       if (!held.null) out.items.push_back({element, held.value, held.at});
@@ -477,10 +476,11 @@ class Reader {
     i.repeat = repeat;
     return i;
   }
-  static Item stop_item(bool comment = false) {
+  static Item stop_item(bool comment = false, Location at = {}) {
     Item i;
     i.stop = true;
     i.comment = comment;
+    i.at = at;
     return i;
   }
 
@@ -501,7 +501,7 @@ class Reader {
     }
     if (!is_digit(c) && !is_quote(c)) {
       s.unget();
-      if (c == '!') return stop_item(true);
+      if (c == '!') return stop_item(true, at);
       if (c == '&' || c == '$' || name_follows()) return stop_item();
       unquoted(spec, at);
     }
@@ -862,17 +862,20 @@ void parse_group(Reader& r, int g, Location group_at, Config& config, Tracker& t
     r.s.unget();
     Scanner::State name_at = r.s.save();
     std::string name = r.key_name();
-    if (r.s.peek() == kEof) unterminated();
-    int k = key_index(g, name);
+    const bool at_end = r.s.peek() == kEof;  // a value, then '/' on the next line, reads so
+    int k = at_end ? -1 : key_index(g, name);
     if (k < 0) {  // say what it is instead
       r.s.restore(name_at);
       if (after_key && is_value_for(*target.spec, c, r.word())) {
+        // Reported where the comment is, on the line of the '=': that is what to change.
         if (values.after_comment)
-          o.fail(at,
+          o.fail(values.comment_at,
                  cat("a comment right after '=' or ',' ends the values of ", target.spec->name(),
-                     " (gfortran reads no value after it): move the comment after the value"));
+                     " (gfortran reads no value after it, not even the one at ", at.line, ":",
+                     at.col, "): move the comment after the value"));
         o.fail(at, target.too_many());
       }
+      if (at_end) unterminated();
       if (is_quote(c)) o.fail(at, cat("expected a key name in &", gname, ", got a string"));
       if (name.empty())
         o.fail(at, cat("expected a key name in &", gname, ", got '", static_cast<char>(c), "'"));

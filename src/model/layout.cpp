@@ -184,12 +184,24 @@ std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& co
   return chunks;
 }
 
-std::int64_t global_parameter_count(const Config& config) {
-  // One rank holding everything: each tensor exactly once, at its global shape.
+namespace {
+// One rank holding everything: each tensor exactly once, at its global shape.
+std::vector<ChunkLayout> whole_model(const Config& config) {
   Config whole = config;
   whole.parallel.tp = 1;
+  return build_layout(whole, ShardCoord{});
+}
+}  // namespace
+
+std::int64_t global_tensor_count(const Config& config) {
   std::int64_t n = 0;
-  for (const auto& chunk : build_layout(whole, ShardCoord{}))
+  for (const auto& chunk : whole_model(config)) n += std::int64_t(chunk.tensors.size());
+  return n;
+}
+
+std::int64_t global_parameter_count(const Config& config) {
+  std::int64_t n = 0;
+  for (const auto& chunk : whole_model(config))
     for (const auto& t : chunk.tensors) {
       std::int64_t g = 1;
       for (auto s : t.global_shape) g *= s;

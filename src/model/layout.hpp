@@ -110,6 +110,8 @@ std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& co
 
 // Parameters of the whole model (global shapes, unpadded vocab, each tensor once).
 std::int64_t global_parameter_count(const Config& config);
+// Tensors of the whole model (a checkpoint's /model datasets).
+std::int64_t global_tensor_count(const Config& config);
 
 // Model FLOPs per trained token (forward + backward), PaLM appendix B / nanoGPT:
 //   6 * N + 12 * L * C * S

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "util/cleanup.hpp"
 #include "util/log.hpp"
 
 namespace ptrain::mpi {
@@ -27,6 +28,7 @@ bool cuda_aware() {
 
 void abort_job(const std::string& line, int exit_code) {
   log::error_any_rank(line);
+  cleanup::remove_now();  // this rank's folder locks (ckpt/lock.hpp): the job ends here
   // MPICH's Hydra can act on the abort before it has forwarded this rank's stderr, and the
   // message naming the failing rank is then lost (seen once in CI). A moment's pause lets the
   // launcher drain the pipe first; it costs nothing on a job that is ending anyway.

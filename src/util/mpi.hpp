@@ -17,8 +17,9 @@ namespace ptrain::mpi {
 // Throws Error("<what> failed: <MPI's reason>") unless rc is MPI_SUCCESS. Not collective.
 void check(int rc, const std::string& what);
 
-// One rank's fault: prints "[rank N] error: <line>" on stderr and aborts the whole job with
-// `exit_code`. Not collective; never returns.
+// One rank's fault: prints "[rank N] error: <line>" on stderr, removes the files registered
+// with cleanup::remove_on_abort and aborts the whole job with `exit_code`. Not collective;
+// never returns.
 [[noreturn]] void abort_job(const std::string& line, int exit_code);
 
 // Whether this MPI library can move CUDA device memory itself (Open MPI's

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdint>
 
+#include "util/cleanup.hpp"
 #include "util/mpi.hpp"
 
 namespace ptrain::signals {
@@ -12,7 +13,10 @@ namespace ptrain::signals {
 namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal) _exit(128 + sig);
+  if (g_stop_signal) {
+    cleanup::remove_now();  // the folder locks (ckpt/lock.hpp)
+    _exit(128 + sig);
+  }
   g_stop_signal = sig;
 }
 }  // namespace

@@ -1,8 +1,8 @@
 // util/signals.hpp — SIGUSR1 / SIGTERM (Slurm's --signal and its time limit) as a request to
 // stop cleanly: the first signal sets a flag that the run polls at safe points (step ends,
 // validation passes), where every rank agrees, writes a checkpoint and exits 0; a second
-// signal exits at once. Installed first thing in main, so a signal during set-up is a
-// request too, never a kill.
+// signal exits at once (after removing the files registered with cleanup::remove_on_abort).
+// Installed first thing in main, so a signal during set-up is a request too, never a kill.
 #pragma once
 #include <mpi.h>
 
