@@ -14,7 +14,6 @@
 // and every rank exits with code 2. Any other error on one rank prints
 // "[rank N] error: ..." and aborts the job with MPI_Abort.
 #include <mpi.h>
-#include <unistd.h>
 #ifdef PTRAIN_ENABLE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -192,10 +191,8 @@ int device_for(const Config& config, const Grid& grid) {
   int sharing = 0;
   for (const std::string& b : buses) sharing += !bus.empty() && b == bus;
   if (error.empty() && sharing > 1 && !config.backend.share_gpus) {
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    error = cat(sharing, " ranks on ", host, " would share GPU ", bus, " (", buses.size(),
-                " ranks, ", gpus, " GPU(s) visible to rank ", rank,
+    error = cat(sharing, " ranks on ", mpi::host_name(), " would share GPU ", bus, " (",
+                buses.size(), " ranks, ", gpus, " GPU(s) visible to rank ", rank,
                 "): start one rank per GPU, or set backend%share_gpus = .true. (tests)");
   }
   mpi::agree(MPI_COMM_WORLD, error, kExitInput);
