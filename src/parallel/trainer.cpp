@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <thread>
-#include <tuple>
 
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
@@ -165,6 +165,8 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len / coord.cp);
   inputs_.resize(n);
   targets_.resize(n);
+  hosts_ = mpi::all_gather(grid.cart(), mpi::host_name());
+  if (config.run.debug_slow_rank == grid.world_rank()) pipeline_->slow_down(9);
 }
 
 template <class P>
@@ -315,12 +317,14 @@ StepResult Trainer<P>::step(std::int64_t s) {
   if (config_.run.debug_fail_rank == grid_.world_rank())
     throw Error(cat("run%debug_fail_rank: rank ", grid_.world_rank(),
                     " fails on purpose after the backward of step ", s));
-  std::tie(r.t_forward, r.t_backward) = pipeline_->take_compute_seconds();
+  const auto computed = pipeline_->take_compute_seconds();
+  r.t_forward = computed.forward, r.t_backward = computed.backward;
   if (config_.model.n_expert > 0) moe_summary(r);
   profile::region("grad-sync", [&] { finish_gradients(); });
 
   Stopwatch opt;
   opt.start();
+  const double blocked = exposed_seconds();  // the norm's all-reduce, ZeRO's parameter gather
   if (s == config_.run.debug_nan_step && grid_.world_rank() == 0)
     Kokkos::deep_copy(Kokkos::subview(data_parallel(0).update_grads(), 0),
                       G(std::numeric_limits<float>::quiet_NaN()));
@@ -352,8 +356,59 @@ StepResult Trainer<P>::step(std::int64_t s) {
   for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
+  if (ran_a_step_) {  // the first step pays for first touch, unevenly: not compared
+    computed_[0] += computed.forward - computed.forward_blocked;
+    computed_[1] += computed.backward - computed.backward_blocked;
+    computed_[2] += r.t_optimizer - (exposed_seconds() - blocked);
+    computed_[3] += r.t_step;
+    ++computed_steps_;
+  }
+  ran_a_step_ = true;
   if (pp_->size() > 1) measure_bubble(r);
+  // Decided by the step number, so every rank takes part in the same steps.
+  if (s % config_.run.log_every == 0 || s == config_.run.steps) report_stragglers(r);
   return r;
+}
+
+// Every rank's compute per phase since the last report, each compared with the median of the
+// ranks holding its pipeline stage (the same work; a pipeline's uneven stages show in the
+// bubble instead).
+template <class P>
+void Trainer<P>::report_stragglers(StepResult& r) {
+  const int world = grid_.world_size(), stages = grid_.size(Axis::p);
+  // No steps since the last report (the first step alone): the same on every rank.
+  if (computed_steps_ == 0) return;
+  const double steps = double(computed_steps_);
+  const double mine[4] = {computed_[0] / steps, computed_[1] / steps, computed_[2] / steps,
+                          double(grid_.coord(Axis::p))};
+  const double step_seconds = computed_[3] / steps;
+  std::fill(std::begin(computed_), std::end(computed_), 0.0);
+  computed_steps_ = 0;
+  if (world == stages) return;  // one rank per stage: no rank to compare with
+  std::vector<double> all(std::size_t(4 * world));
+  stats_->all_gather(mine, all.data(), std::vector<int>(std::size_t(world), 4), Space::host).wait();
+  static const char* const kPhases[3] = {"forward", "backward", "optimizer"};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<std::vector<double>> by_stage(static_cast<std::size_t>(stages));
+    for (int q = 0; q < world; ++q)
+      by_stage[std::size_t(all[std::size_t(4 * q + 3)])].push_back(all[std::size_t(4 * q + k)]);
+    std::vector<double> median(std::size_t(stages), 0.0);
+    for (int p = 0; p < stages; ++p) {
+      auto& v = by_stage[std::size_t(p)];
+      std::nth_element(v.begin(), v.begin() + std::ptrdiff_t((v.size() - 1) / 2), v.end());
+      median[std::size_t(p)] = v[(v.size() - 1) / 2];
+    }
+    StepResult::Straggler w;
+    w.phase = kPhases[k];
+    w.ratio = -1;
+    for (int q = 0; q < world; ++q) {
+      const double x = all[std::size_t(4 * q + k)],
+                   m = median[std::size_t(all[std::size_t(4 * q + 3)])];
+      const double ratio = m > 0 ? x / m : 1.0;
+      if (ratio > w.ratio) w = {kPhases[k], q, hosts_[std::size_t(q)], x, m, ratio, step_seconds};
+    }
+    r.stragglers.push_back(w);
+  }
 }
 
 template <class P>
