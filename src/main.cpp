@@ -19,6 +19,7 @@
 #endif
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -352,6 +353,9 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     runlog.step(r, val, wall_seconds() - t0);
     const bool periodic = config.checkpoint.every > 0 && s % config.checkpoint.every == 0;
     const int sig = signals::agreed_stop_signal(MPI_COMM_WORLD);
+    // run%consistency_every: replicas agree before any checkpoint is written from this state.
+    const std::int64_t every = config.run.consistency_every;
+    if (every > 0 && (s % every == 0 || periodic || sig)) trainer.check_replicas(s);
     if (periodic || sig) ckpt::save(config, grid, trainer, s, r.lr, last_val);
     if (sig) {
       write_trace();
@@ -365,7 +369,10 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     log::info(cat("restart: the checkpoint is at step ", done, " of ", config.run.steps,
                   "; nothing left to train"));
 
-  if (config.checkpoint.save_final) ckpt::save_final(config, grid, trainer);
+  if (config.checkpoint.save_final) {
+    trainer.check_replicas(std::max(done, config.run.steps));  // unless that step was checked
+    ckpt::save_final(config, grid, trainer);
+  }
 
   const double seconds = wall_seconds() - t0;
   const double tok_s = busy > 0 ? tokens / busy : 0;

@@ -2,7 +2,9 @@
 # Data parallelism through the driver: a 2-rank ZeRO run trains and logs its gradient
 # traffic; a rank that fails mid-step ends the job with a message naming it, no hang.
 # Long jobs (issue 29): the log names each phase's slowest rank against the median and warns
-# of a straggler with its host (run%straggler_factor).
+# of a straggler with its host (run%straggler_factor); a bit flipped in one data-parallel
+# replica is caught at the next check (run%consistency_every), naming the rank and the
+# tensor, before any checkpoint is written from that state.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
 common=(--set train%micro_batch=4 --set run%steps=30 --set run%eval_every=0)
@@ -46,4 +48,20 @@ timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 4 "$PTRAIN" "$deck" "${long[@]}" --
   --set run%out_dir="'$tmp/even'" >"$tmp/even.log" 2>&1 || fail "even run: $(tail -3 "$tmp/even.log")"
 grep -q "^step     7 | slowest ranks" "$tmp/even.log" || fail "even run: no slowest-rank line"
 if grep -q "^warning: .*straggler" "$tmp/even.log"; then fail "even run: $(grep "^warning" "$tmp/even.log")"; fi
+
+# Silent corruption: rank 1's copy of ln_f.bias changed after step 3's update is outvoted at
+# the check of step 4, before that step's checkpoint; the one of step 2 stays the latest.
+set +e
+timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 4 "$PTRAIN" "$deck" --set train%micro_batch=4 \
+  --set run%steps=6 --set run%eval_every=0 --set checkpoint%every=2 --set run%consistency_every=4 \
+  --set run%debug_flip_rank=1 --set run%debug_flip_step=3 --set run%out_dir="'$tmp/flip'" \
+  >"$tmp/flip.log" 2>&1; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "flipped bit: exit $rc, expected 1: $(tail -3 "$tmp/flip.log")"
+want="step 4: replicas differ: ln_f.bias on rank 1 (host $host) differs from ranks 0, 2 and 3 (data-parallel replicas), found by run%consistency_every; no checkpoint was written from this state"
+[ "$(grep -cxF "$want" "$tmp/flip.log")" = 1 ] || fail "flipped bit: $(grep -i "differ\|error" "$tmp/flip.log")"
+grep -q "MPI_ABORT" "$tmp/flip.log" && fail "flipped bit: MPI_Abort banner"
+[ "$(ls "$tmp/flip/checkpoints")" = "$(printf 'ckpt_00000002.h5\nlatest')" ] ||
+  fail "flipped bit: checkpoints $(ls "$tmp/flip/checkpoints" | tr '\n' ' ')"
+[ "$(cat "$tmp/flip/checkpoints/latest")" = ckpt_00000002.h5 ] || fail "flipped bit: latest moved"
 echo "data_parallel: all checks passed"

@@ -302,7 +302,8 @@ void validate(Config& c, int world_size) {
   for (const auto& [key, rank] :
        {std::pair<const char*, I64>{"run%debug_fail_rank", c.run.debug_fail_rank},
         {"run%debug_hang_rank", c.run.debug_hang_rank},
-        {"run%debug_slow_rank", c.run.debug_slow_rank}})
+        {"run%debug_slow_rank", c.run.debug_slow_rank},
+        {"run%debug_flip_rank", c.run.debug_flip_rank}})
     ck.require(rank < world_size, cat(key, " = ", rank, " is not a rank of this run (", world_size,
                                       world_size == 1 ? " rank)" : " ranks)"));
   check_keys(ck, c);  // again: a Config may also be built in code

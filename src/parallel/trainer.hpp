@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -90,6 +91,12 @@ class Trainer {
 
   StepResult step(std::int64_t s);  // optimizer step s (1-based)
   double evaluate();  // mean loss over the validation samples; NaN when a stop signal came
+  // run%consistency_every (0: does nothing): the replicas of every tensor compare checksums of
+  // their compute weights — data-parallel copies, tp-replicated tensors, wte and its tied copy
+  // on the last pipeline stage — and a difference throws Error(kExitRuntime, all_ranks) naming
+  // the step, the tensor and the ranks. Collective over every rank; `step` labels the message,
+  // and a step already checked is not checked again.
+  void check_replicas(std::int64_t step);
   bool can_evaluate() const { return data_->has_val(); }
 
  private:
@@ -115,6 +122,8 @@ class Trainer {
   static constexpr std::size_t kRecentSteps = 20, kLeastSteps = 5;
   // Every rank's compute seconds per phase since the last report, gathered into r.stragglers.
   void report_stragglers(StepResult& r);
+  // The groups check_replicas compares over, from the layouts (run%consistency_every > 0).
+  void plan_replica_checks();
   // This rank's contiguous slice [first, first+count) of n samples.
   std::pair<std::int64_t, std::int64_t> my_slice(std::int64_t n) const;
 
@@ -147,6 +156,19 @@ class Trainer {
   double computed_[4] = {0, 0, 0, 0};
   std::int64_t computed_steps_ = 0;
   bool ran_a_step_ = false;
+  // run%consistency_every: each group whose members hold copies of the same tensors, as a
+  // host-space "stats" Comm with the tensors (chunk, index in its layout) compared over it.
+  struct Replicas {
+    std::unique_ptr<Comm> comm;
+    std::string who;  // the members, as the message names them: "data-parallel replicas"
+    std::vector<std::pair<int, int>> tensors;
+    bool copies = false;  // ZeRO 3: compare whole copies (checksums summed over their shards)
+  };
+  std::vector<Replicas> replicas_;
+  // ZeRO 3: the groups one copy is sharded over (dense tensors; experts split over ep), over
+  // which a copy's checksums are summed before they are compared.
+  std::unique_ptr<Comm> copy_dense_, copy_experts_;
+  std::int64_t checked_step_ = -1;
 };
 
 }  // namespace ptrain::parallel
