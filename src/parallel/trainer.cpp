@@ -513,8 +513,10 @@ void Trainer<P>::plan_replica_checks() {
                                     : "";
   // copies: each member stands for the copy its data-parallel group shards (ZeRO 3 over tp and
   // the ends, whose shards need not line up); else members hold the same part of a tensor.
-  auto group = [&](MPI_Comm comm, std::string who, bool copies, auto&& compared) {
-    Replicas g{make_comm(comm, "stats"), std::move(who), {}, copies};
+  // Each host-space Comm is named after its group (`kind`), so the watchdog's sequence numbers
+  // stay alike on every member of a kind (the ends' group has no middle stages).
+  auto group = [&](MPI_Comm comm, const char* kind, std::string who, bool copies, auto&& compared) {
+    Replicas g{make_comm(comm, kind), std::move(who), {}, copies};
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const auto& tensors = chunks_[c].dp->layout().tensors;
       for (std::size_t i = 0; i < tensors.size(); ++i)
@@ -525,26 +527,26 @@ void Trainer<P>::plan_replica_checks() {
   };
   using Spec = model::TensorSpec;
   if (!zero3) {
-    group(grid_.comm(GroupKind::dense_grad), "data-parallel replicas", false,
+    group(grid_.comm(GroupKind::dense_grad), "dense-grad", "data-parallel replicas", false,
           [&](const Spec& t) { return !(split && t.expert); });
     if (split)
-      group(grid_.comm(GroupKind::expert_grad), "expert data-parallel replicas", false,
-            [](const Spec& t) { return t.expert; });
+      group(grid_.comm(GroupKind::expert_grad), "expert-grad", "expert data-parallel replicas",
+            false, [](const Spec& t) { return t.expert; });
   } else if (dense_grad_replicas_) {  // every node cuts its copy alike
-    group(dense_grad_levels_.across.get(), "replicas on other nodes, parallel%zero_scope = 'node'",
-          false, [](const Spec&) { return true; });
+    group(dense_grad_levels_.across.get(), "dense-grad-inter",
+          "replicas on other nodes, parallel%zero_scope = 'node'", false,
+          [](const Spec&) { return true; });
   }
-  group(grid_.comm(GroupKind::tp), "tp ranks" + sharded, zero3,
+  group(grid_.comm(GroupKind::tp), "tp", "tp ranks" + sharded, zero3,
         [](const Spec& t) { return t.tp_replicated(); });
   if (ends_)
-    group(grid_.comm(GroupKind::embed),
+    group(grid_.comm(GroupKind::embed), "embed",
           "wte and its tied copy on the last pipeline stage" + sharded, zero3,
           [](const Spec& t) { return t.name == "wte.weight"; });
   if (zero3) {
-    copy_dense_ = make_comm(
-        dense_grad_shards_ ? dense_grad_levels_.node.get() : grid_.comm(GroupKind::dense_grad),
-        "stats");
-    if (split) copy_experts_ = make_comm(grid_.comm(GroupKind::expert_grad), "stats");
+    copy_dense_ = dense_grad_shards_ ? make_comm(dense_grad_levels_.node.get(), "dense-grad-intra")
+                                     : make_comm(grid_.comm(GroupKind::dense_grad), "dense-grad");
+    if (split) copy_experts_ = make_comm(grid_.comm(GroupKind::expert_grad), "expert-grad");
   }
 }
 

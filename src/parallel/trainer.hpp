@@ -157,7 +157,7 @@ class Trainer {
   std::int64_t computed_steps_ = 0;
   bool ran_a_step_ = false;
   // run%consistency_every: each group whose members hold copies of the same tensors, as a
-  // host-space "stats" Comm with the tensors (chunk, index in its layout) compared over it.
+  // host-space Comm with the tensors (chunk, index in its layout) compared over it.
   struct Replicas {
     std::unique_ptr<Comm> comm;
     std::string who;  // the members, as the message names them: "data-parallel replicas"
