@@ -14,12 +14,12 @@
 // and exits with code 2 (the other ranks with 0, so the launcher's code is rank 0's). Any
 // other error on one rank prints "[rank N] error: ..." and aborts the job with MPI_Abort.
 #include <mpi.h>
-#include <unistd.h>
 #ifdef PTRAIN_ENABLE_CUDA
 #include <cuda_runtime.h>
 #endif
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -193,10 +193,8 @@ int device_for(const Config& config, const Grid& grid) {
   int sharing = 0;
   for (const std::string& b : buses) sharing += !bus.empty() && b == bus;
   if (error.empty() && sharing > 1 && !config.backend.share_gpus) {
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    error = cat(sharing, " ranks on ", host, " would share GPU ", bus, " (", buses.size(),
-                " ranks, ", gpus, " GPU(s) visible to rank ", rank,
+    error = cat(sharing, " ranks on ", mpi::host_name(), " would share GPU ", bus, " (",
+                buses.size(), " ranks, ", gpus, " GPU(s) visible to rank ", rank,
                 "): start one rank per GPU, or set backend%share_gpus = .true. (tests)");
   }
   mpi::agree(MPI_COMM_WORLD, error, kExitInput);
@@ -358,6 +356,9 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     checkpoints.poll(s);  // a background write that has ended: logged, or its error thrown
     const bool periodic = config.checkpoint.every > 0 && s % config.checkpoint.every == 0;
     const int sig = signals::agreed_stop_signal(MPI_COMM_WORLD);
+    // run%consistency_every: replicas agree before any checkpoint is written from this state.
+    const std::int64_t every = config.run.consistency_every;
+    if (every > 0 && (s % every == 0 || periodic || sig)) trainer.check_replicas(s);
     if (periodic || sig) checkpoints.save(s, r.lr, last_val);
     if (sig) {
       checkpoints.wait(s);  // the stop's checkpoint is on disk before the job ends
@@ -373,7 +374,10 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     log::info(cat("restart: the checkpoint is at step ", done, " of ", config.run.steps,
                   "; nothing left to train"));
 
-  if (config.checkpoint.save_final) ckpt::save_final(config, grid, trainer);
+  if (config.checkpoint.save_final) {
+    trainer.check_replicas(std::max(done, config.run.steps));  // unless that step was checked
+    ckpt::save_final(config, grid, trainer);
+  }
 
   const double seconds = wall_seconds() - t0;
   const double tok_s = busy > 0 ? tokens / busy : 0;

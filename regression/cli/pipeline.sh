@@ -5,7 +5,9 @@
 #    one-rank run to 1e-10 (fp64);
 #  - the log line and log.csv report the measured bubble next to the theoretical one, and
 #    the measured one is within 20% of the schedule's at the measured op times;
-#  - a deck whose micro-batches cannot be interleaved is refused before step 1 (exit 2).
+#  - a deck whose micro-batches cannot be interleaved is refused before step 1 (exit 2);
+#  - a bit flipped in the LM head's tied copy of wte after the last step is caught before
+#    final.h5 is written (run%consistency_every), naming the rank, its host and the tensor.
 source "$(dirname "$0")/lib/prologue.sh"
 source "$(dirname "$0")/lib/compare.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
@@ -77,4 +79,10 @@ set +e
 set -e
 [ "$rc" = 2 ] || fail "interleaved with m % pp != 0: exit $rc"
 grep -q "not a multiple of it" "$tmp/bad.log" || fail "message: $(cat "$tmp/bad.log")"
+# The tied embedding's two ends (p 2 x d 2: ranks 0, 1 hold wte, ranks 2, 3 its copy): rank 3's
+# copy corrupted after the last update is outvoted before final.h5, and no final.h5 is written.
+stops_with flip "step 3: replicas differ: wte.weight on rank 3 (host $(uname -n)) differs from ranks 0, 1 and 2 (wte and its tied copy on the last pipeline stage), found by run%consistency_every; no checkpoint was written from this state" \
+  4 "$deck" --set parallel%pp=2 --set train%micro_batch=2 --set run%steps=3 --set run%eval_every=0 \
+  --set checkpoint%save_final=.true. --set run%debug_flip_rank=3 --set run%debug_flip_step=3
+[ ! -e "$tmp/flip/final.h5" ] || fail "tied copy flipped: final.h5 written from the corrupted state"
 echo "pipeline: all checks passed"

@@ -337,11 +337,13 @@ TEST(CommTable, SizeOneGroupsAreNotUsed) {
   EXPECT_EQ(row(traffic_by_group(), "test-self").used, world_size() > 1);
 }
 
-// Time blocked in a wait (or in all_reduce_sum_now) is exposed time, of the Comm and its row.
+// Time blocked in a wait (or in all_reduce_sum_now) is exposed time, of the Comm, its row and
+// the process-wide total (what the straggler report subtracts from a phase).
 TEST(CommTable, WaitsCountAsExposedTime) {
   if (world_size() == 1) GTEST_SKIP() << "needs a second rank to wait for";
   const auto c_owner = test_comm(MPI_COMM_WORLD, "test-exposed");
   Comm& c = *c_owner;
+  const double process_before = exposed_seconds();
   double x = 1;
   if (c.rank() == 0) {
     usleep(60000);
@@ -357,6 +359,7 @@ TEST(CommTable, WaitsCountAsExposedTime) {
     EXPECT_GE(c.stats().exposed_s - before, 0.05);
   }
   EXPECT_DOUBLE_EQ(row(traffic_by_group(), "test-exposed").stats.exposed_s, c.stats().exposed_s);
+  EXPECT_NEAR(exposed_seconds() - process_before, c.stats().exposed_s, 1e-9);
 }
 
 TEST(CommErrors, BadArgumentsAreRefusedBeforeMpi) {

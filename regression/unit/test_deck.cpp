@@ -683,6 +683,11 @@ TEST(DeckValidate, CrossFieldErrors) {
        "checkpoint%dir = '  ' is blank: name a folder"},
       {1, [](Config& c) { c.checkpoint.keep = 2147483648; },
        "checkpoint%keep = 2147483648 is out of range: must be in [1, 2147483647]"},
+      {2, [](Config& c) { c.run.debug_flip_rank = 2, c.train.micro_batch = 8; },
+       "run%debug_flip_rank = 2 is not a rank of this run (2 ranks)"},
+      {1, [](Config& c) { c.run.straggler_factor = 0.9; },
+       "run%straggler_factor = 0.9 would warn of every rank: the slowest is never faster than the "
+       "median; use a factor of at least 1 (e.g. 2), or 0 for no warnings"},
       {1, [](Config& c) { c.train.spike_factor = 0.5; },
        "train%spike_factor = 0.5 would flag ordinary steps: use a factor above 1 (e.g. 3), or 0 "
        "for off"},

@@ -18,6 +18,7 @@
 #include "kernels/gemm.hpp"
 #include "kernels/kernels.hpp"
 #include "test_support.hpp"
+#include "util/checksum.hpp"
 #include "util/error.hpp"
 
 using namespace ptrain;
@@ -187,6 +188,35 @@ void check_helpers() {
 TEST(KernelsHelpers, FillCopyScaleAxpySumOfSquaresResidual) {
   check_helpers<double>();
   check_helpers<float>();
+}
+
+// The replica checks' checksum: the host formula of util/checksum.hpp (the checkpoints'),
+// the same for any cut of a tensor into views with their first indices, changed by one flipped
+// bit and restored by flipping it back.
+template <class T>
+void check_checksum() {
+  const std::size_t n = 10007, cut = 4001;
+  const HVec x = random_vec(n, 6);
+  auto xv = dev<T>(x);
+  std::uint64_t expect = 0;
+  for (std::size_t i = 0; i < n; ++i) expect += element_hash(std::int64_t(i), bits_of(T(x[i])));
+  const std::uint64_t whole = checksum<T>(xv, 0);
+  EXPECT_EQ(whole, expect);
+  const auto part = [&](std::size_t a, std::size_t b) {
+    return checksum<T>(Kokkos::subview(xv, Kokkos::make_pair(a, b)), std::int64_t(a));
+  };
+  EXPECT_EQ(part(0, cut) + part(cut, n), whole);
+  flip_bit<T>(xv, 5, 0);
+  EXPECT_NE(checksum<T>(xv, 0), whole);
+  EXPECT_NE(get(xv, 5), double(T(x[5])));
+  flip_bit<T>(xv, 5, 0);
+  EXPECT_EQ(checksum<T>(xv, 0), whole);
+}
+
+TEST(KernelsHelpers, ChecksumOfAnyCutAndFlippedBits) {
+  check_checksum<double>();
+  check_checksum<float>();
+  check_checksum<bf16>();
 }
 
 double gelu_ref(double x) {

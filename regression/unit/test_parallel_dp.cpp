@@ -11,6 +11,7 @@
 #include "grid/grid.hpp"
 #include "parallel/trainer.hpp"
 #include "test_support.hpp"
+#include "util/mpi.hpp"
 
 using namespace ptrain;
 using ptrain::test::world_rank;
@@ -94,6 +95,7 @@ RunRecord train(const Config& c, MPI_Comm comm, int ranks_per_node = 0) {
       const auto before = traffic_by_group();
       const auto r = trainer.step(s);
       const auto traffic = traffic_since(before);
+      trainer.check_replicas(s);  // every grid's replicas agree bit for bit (no false alarm)
       run.loss.push_back(r.loss);
       run.norm.push_back(r.grad_norm);
       run.bytes.push_back(traffic[std::size_t(GroupKind::dense_grad)].stats.bytes);
@@ -356,6 +358,80 @@ TEST(DataParallel, HybridShardingWithAPipelineMatchesTheGlobalShards) {
       EXPECT_LT(rel(b.norm[s], a.norm[s]), 1e-12) << "grad norm, step " << s + 1;
     }
     EXPECT_LT(rel_rms(b.weights, a.weights), 1e-12) << "final weights";
+  }
+}
+
+// run%consistency_every: after two checked steps rank `flip` flips a bit of its compute
+// weights (its last tensor); the next check throws on every rank alike. Returns the message
+// ("" when nothing differs) after checking every rank got the same one.
+std::string flip_and_check(const Config& c, int flip, int ranks_per_node = 0) {
+  Grid grid(MPI_COMM_WORLD, GridShape::from_config(c), false, ranks_per_node);
+  parallel::Trainer<Fp64> trainer(c, grid);
+  for (int k = 0; k < trainer.chunks(); ++k)
+    trainer.data_parallel(k).init_weights(std::uint64_t(c.run.seed));
+  for (std::int64_t s = 1; s <= 2; ++s) {
+    trainer.step(s);
+    trainer.check_replicas(s);
+  }
+  if (world_rank() == flip) {
+    EXPECT_NE(trainer.data_parallel(trainer.chunks() - 1).flip_weight_bit(), "");
+  }
+  std::string message;
+  try {
+    trainer.check_replicas(3);
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.on_all_ranks());
+    EXPECT_EQ(e.exit_code(), kExitRuntime);
+    message = e.what();
+  }
+  const auto all = mpi::all_gather(MPI_COMM_WORLD, message);
+  for (const auto& m : all) EXPECT_EQ(m, message) << "rank " << world_rank();
+  return message;
+}
+
+std::string differs(const std::string& what) {
+  return "step 3: replicas differ: " + what +
+         ", found by run%consistency_every; no checkpoint was written from this state";
+}
+
+TEST(DataParallel, ReplicaCheckNamesAFlippedBit) {
+  if (world_size() != 4) GTEST_SKIP() << "a vote needs more than 2 replicas";
+  const std::string h = mpi::host_name();
+  // Data-parallel copies under ZeRO 0-2 (whole weights on every rank): rank 1 outvoted.
+  for (int z = 0; z <= 2; ++z)
+    EXPECT_EQ(flip_and_check(config_for(4, {{"parallel%zero", std::to_string(z)}}), 1),
+              differs("ln_f.bias on rank 1 (host " + h +
+                      ") differs from ranks 0, 2 and 3 (data-parallel replicas)"))
+        << "ZeRO " << z;
+  // ZeRO 3 keeps one shard a rank: nothing holds a copy of rank 1's ...
+  EXPECT_EQ(flip_and_check(config_for(4, {{"parallel%zero", "3"}}), 1), "");
+  // ... unless shards are kept per node: rank 1's copy is rank 3's on the other node.
+  EXPECT_EQ(flip_and_check(
+                config_for(4, {{"parallel%zero", "3"}, {"parallel%zero_scope", "'node'"}}), 1, 2),
+            differs("ln_f.bias differs between rank 1 (host " + h + ") and rank 3 (host " + h +
+                    ") (replicas on other nodes, parallel%zero_scope = 'node'; no majority says "
+                    "which is wrong)"));
+  // tp-replicated tensors over tp 2 (ranks 0, 1 and 2, 3), ZeRO 3 over dp (1, 3): rank 3's
+  // shard holds ln_f.bias; the copy of 1 and 3 differs from that of 0 and 2 (a tie).
+  const std::map<std::string, std::string> tp = {
+      {"parallel%tp", "2"}, {"parallel%zero", "3"}, {"model%n_head", "2"}, {"model%d_model", "16"}};
+  EXPECT_EQ(flip_and_check(config_for(4, tp), 3),
+            differs("ln_f.bias differs between rank 0 (host " + h + ") and rank 1 (host " + h +
+                    ") (tp ranks; under ZeRO 3 a rank stands for the copy its data-parallel "
+                    "group shards; no majority says which is wrong)"));
+  // wte on the first stage (ranks 0, 1) and its tied copy on the last (ranks 2, 3).
+  for (int z : {1, 3}) {
+    const Config pp = config_for(4, {{"parallel%pp", "2"}, {"parallel%zero", std::to_string(z)}});
+    const std::string want =
+        z == 1 ? "wte.weight on rank 3 (host " + h +
+                     ") differs from ranks 0, 1 and 2 (wte and its tied copy on the last pipeline "
+                     "stage)"
+               : "wte.weight differs between ranks 0 and 1 (hosts " + h + ", " + h +
+                     ") and ranks 2 and 3 (hosts " + h + ", " + h +
+                     ") (wte and its tied copy on the last pipeline stage; under ZeRO 3 a rank "
+                     "stands for the copy its data-parallel group shards; no majority says which "
+                     "is wrong)";
+    EXPECT_EQ(flip_and_check(pp, 3), differs(want)) << "ZeRO " << z;
   }
 }
 

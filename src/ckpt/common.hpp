@@ -16,6 +16,7 @@
 
 #include "ckpt/h5.hpp"
 #include "model/layout.hpp"
+#include "util/checksum.hpp"
 #include "util/error.hpp"
 #include "util/mpi.hpp"
 
@@ -24,34 +25,9 @@ namespace ptrain::ckpt::detail {
 using model::Shape;
 using model::Slab;
 
-// ---- checksum (documented in weights.hpp) --------------------------------------------------
+// ---- checksum (documented in weights.hpp; mix64, element_hash, bits_of in util/checksum.hpp)
 
 extern const char* const kChecksumAlgorithm;
-
-inline std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-inline std::uint64_t element_hash(std::int64_t index, std::uint64_t bits) {
-  return mix64(mix64(static_cast<std::uint64_t>(index) + 0x9e3779b97f4a7c15ULL) ^ bits);
-}
-
-// The stored bit pattern, zero-extended to 64 bits.
-template <class U>
-std::uint64_t bits_of(U x) {
-  static_assert(std::is_arithmetic_v<U> && (sizeof(U) == 4 || sizeof(U) == 8));
-  if constexpr (sizeof(U) == 4) {
-    std::uint32_t b;
-    std::memcpy(&b, &x, sizeof b);
-    return b;
-  } else {
-    std::uint64_t b;
-    std::memcpy(&b, &x, sizeof b);
-    return b;
-  }
-}
 
 // Calls f(global_offset, local_offset, length) for each contiguous run (along the last
 // dimension) of box s of a tensor of global shape `shape`; local offsets count the box's

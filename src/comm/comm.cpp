@@ -46,7 +46,14 @@ std::int64_t& entered_count(int row) {
   return counts[std::size_t(row)];
 }
 
+double& exposed_total() {
+  static double seconds = 0;
+  return seconds;
+}
+
 }  // namespace
+
+double exposed_seconds() { return exposed_total(); }
 
 std::vector<GroupTraffic> traffic_by_group() { return {table().begin(), table().end()}; }
 
@@ -115,6 +122,7 @@ void Comm::count(double bytes) {
 void Comm::blocked(const char* what, double t0, double t1) {
   stats_.exposed_s += t1 - t0;
   row_->stats.exposed_s += t1 - t0;
+  exposed_total() += t1 - t0;
   if (size_ > 1 && trace::enabled()) trace::record(what, "comm:" + name_, t0, t1);
 }
 

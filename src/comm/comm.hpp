@@ -122,6 +122,10 @@ struct GroupTraffic {
 std::vector<GroupTraffic> traffic_by_group();
 // The traffic since `before` (an earlier traffic_by_group()): counters differenced, `used` now.
 std::vector<GroupTraffic> traffic_since(const std::vector<GroupTraffic>& before);
+// Seconds this process has been blocked in waits on any Comm so far (the table's exposed
+// times summed, without building it): a phase's wall time less the growth of this is the
+// time it computed.
+double exposed_seconds();
 
 class Comm {
  public:

@@ -10,6 +10,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 
+#include "util/checksum.hpp"
 #include "util/kmath.hpp"
 
 namespace ptrain::rng {
@@ -40,10 +41,7 @@ KOKKOS_INLINE_FUNCTION Block philox4x32_10(std::uint32_t c0, std::uint32_t c1, s
 
 // splitmix64's output function: a bijective 64-bit mix.
 KOKKOS_INLINE_FUNCTION std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+  return mix64(x + 0x9E3779B97F4A7C15ull);
 }
 
 // Distinct streams of one seed get distinct keys (splitmix64 is a bijection).

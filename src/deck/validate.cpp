@@ -244,6 +244,10 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   ck.require(c.train.spike_factor == 0 || c.train.spike_factor > 1,
              cat("train%spike_factor = ", c.train.spike_factor,
                  " would flag ordinary steps: use a factor above 1 (e.g. 3), or 0 for off"));
+  ck.require(c.run.straggler_factor == 0 || c.run.straggler_factor >= 1,
+             cat("run%straggler_factor = ", c.run.straggler_factor,
+                 " would warn of every rank: the slowest is never faster than the median; use "
+                 "a factor of at least 1 (e.g. 2), or 0 for no warnings"));
   if (c.parallel.zero_scope == "node") {
     ck.require(c.parallel.zero >= 1,
                cat("parallel%zero_scope = 'node' places ZeRO shards: it needs parallel%zero >= 1 "
@@ -297,7 +301,9 @@ void validate(Config& c, int world_size) {
   }
   for (const auto& [key, rank] :
        {std::pair<const char*, I64>{"run%debug_fail_rank", c.run.debug_fail_rank},
-        {"run%debug_hang_rank", c.run.debug_hang_rank}})
+        {"run%debug_hang_rank", c.run.debug_hang_rank},
+        {"run%debug_slow_rank", c.run.debug_slow_rank},
+        {"run%debug_flip_rank", c.run.debug_flip_rank}})
     ck.require(rank < world_size, cat(key, " = ", rank, " is not a rank of this run (", world_size,
                                       world_size == 1 ? " rank)" : " ranks)"));
   check_keys(ck, c);  // again: a Config may also be built in code

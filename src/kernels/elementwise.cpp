@@ -3,6 +3,7 @@
 
 #include "kernels/detail_math.hpp"
 #include "kernels/kernels.hpp"
+#include "util/checksum.hpp"
 #include "util/error.hpp"
 
 namespace ptrain::kernels {
@@ -130,6 +131,27 @@ std::int64_t count_nonfinite(CVec<T> x) {
 }
 
 template <class T>
+std::uint64_t checksum(CVec<T> x, std::int64_t first) {
+  // Sums of uint64 wrap mod 2^64 and commute, so any reduction order gives the same value.
+  std::uint64_t sum = 0;
+  Kokkos::parallel_reduce(
+      "ptrain::checksum", x.extent(0),
+      KOKKOS_LAMBDA(std::size_t i, std::uint64_t & acc) {
+        acc += element_hash(first + std::int64_t(i), bits_of(x(i)));
+      },
+      sum);
+  return sum;
+}
+
+template <class T>
+void flip_bit(Vec<T> x, std::size_t i, int bit) {
+  require_len("flip_bit", x.extent(0), i + 1);
+  Kokkos::parallel_for(
+      "ptrain::flip_bit", Kokkos::RangePolicy<>(i, i + 1),
+      KOKKOS_LAMBDA(std::size_t j) { x(j) = with_bit_flipped(x(j), bit); });
+}
+
+template <class T>
 void residual_forward(Vec<T> out, CVec<T> a, CVec<T> b, std::size_t n) {
   require_len("residual_forward out", out.extent(0), n);
   require_len("residual_forward a", a.extent(0), n);
@@ -184,6 +206,8 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
   template void axpy<T>(Vec<T>, accumulate_t<T>, CVec<T>);                                       \
   template double sum_of_squares<T>(CVec<T>);                                                    \
   template std::int64_t count_nonfinite<T>(CVec<T>);                                             \
+  template std::uint64_t checksum<T>(CVec<T>, std::int64_t);                                     \
+  template void flip_bit<T>(Vec<T>, std::size_t, int);                                           \
   template void residual_forward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t);                      \
   template void gelu_forward<T>(Vec<T>, CVec<T>, std::size_t);                                   \
   template void gelu_backward<T>(Vec<T>, CVec<T>, CVec<T>, std::size_t);

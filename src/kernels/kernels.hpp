@@ -46,6 +46,12 @@ template <class T>
 double sum_of_squares(CVec<T> x);  // sum x^2, accumulated in double
 template <class T>
 std::int64_t count_nonfinite(CVec<T> x);  // elements that are NaN or +-inf
+// x (n): sum_i element_hash(first + i, bits_of(x_i)) mod 2^64 (util/checksum.hpp): the same
+// whatever the thread count or how a tensor is cut into views.
+template <class T>
+std::uint64_t checksum(CVec<T> x, std::int64_t first);
+template <class T>
+void flip_bit(Vec<T> x, std::size_t i, int bit);  // x_i's stored bit `bit` flipped (tests)
 
 // ---- residual and GELU (n elements) -------------------------------------------------
 // out [=] a + b. Its backward is axpy(da, 1, dout) on each input.

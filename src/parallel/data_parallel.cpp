@@ -729,6 +729,47 @@ int DataParallel<P>::first_nonfinite_grad() {
 }
 
 template <class P>
+std::vector<std::uint64_t> DataParallel<P>::weight_checksums() {
+  std::vector<std::uint64_t> sums(layout_.tensors.size(), 0);
+  for (std::size_t i = 0; i < layout_.tensors.size(); ++i) {
+    const auto& t = layout_.tensors[i];
+    if (zero_ <= 2) {
+      sums[i] = K::checksum<T>(slice(store_->params_.view(), t.offset, t.offset + t.numel), 0);
+      continue;
+    }
+    for (const auto& p : map_.owned) {
+      const std::int64_t a = std::max(p.lo, t.offset), b = std::min(p.hi, t.offset + t.numel);
+      if (a < b)
+        sums[i] += K::checksum<T>(
+            slice(store_->owned_params(), p.at + (a - p.lo), p.at + (b - p.lo)), a - t.offset);
+    }
+  }
+  return sums;
+}
+
+template <class P>
+std::string DataParallel<P>::flip_weight_bit() {
+  // The top stored mantissa bit: a change no later update rounds away.
+  int bit = 6;  // bf16 stores 7 mantissa bits
+  if constexpr (sizeof(T) != 2) bit = std::numeric_limits<T>::digits - 2;
+  for (auto t = layout_.tensors.rbegin(); t != layout_.tensors.rend(); ++t) {
+    if (t->numel == 0) continue;
+    if (zero_ <= 2) {
+      K::flip_bit<T>(store_->params_.view(), std::size_t(t->offset), bit);
+      return t->name;
+    }
+    for (const auto& p : map_.owned) {
+      const std::int64_t a = std::max(p.lo, t->offset);
+      if (a < std::min(p.hi, t->offset + t->numel)) {
+        K::flip_bit<T>(store_->owned_params(), std::size_t(p.at + (a - p.lo)), bit);
+        return t->name;
+      }
+    }
+  }
+  return "";
+}
+
+template <class P>
 void DataParallel<P>::finish_step() {
   if constexpr (!P::uniform) K::cast<T, M>(update_compute(), masters_.view());
   store_->invalidate_params();

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -172,6 +173,16 @@ class DataParallel {
   // The masters changed (an update, a restart): the compute weights follow (one cast), and
   // under ZeRO 1/2 the updated shards are all-gathered into the whole compute weights.
   void finish_step();
+
+  // Per tensor of layout(), the checksum (util/checksum.hpp, by index in the local tensor)
+  // of the compute weights this rank holds of it: all of it under ZeRO 0-2, its shard's part
+  // under ZeRO 3 (0 where it holds none), so that summed over the shards it is the whole
+  // tensor's. Local: no communication.
+  std::vector<std::uint64_t> weight_checksums();
+  // Testing (run%debug_flip_rank): flips the top stored mantissa bit of the first element this
+  // rank holds of the last tensor it holds any of, in the compute weights (a kernel). Returns
+  // the tensor's name ("" when the rank holds nothing).
+  std::string flip_weight_bit();
 
   // Fraction of the gradient bytes whose reduction completed before finish_gradients
   // had to wait (1 = fully overlapped with the backward); for the step just done.

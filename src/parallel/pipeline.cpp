@@ -1,6 +1,8 @@
 #include "parallel/pipeline.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
@@ -150,19 +152,22 @@ void PipelineExecutor<P>::forward(int mb, int chunk, const MicroBatches& mbs, bo
   }
   const bool tokens = stage.layout().has_embedding || stage.layout().has_head;
   const model::MicroBatch batch = tokens ? mbs.fetch(mb) : model::MicroBatch{nullptr, nullptr, B};
-  const double t0 = wall_seconds();
+  const double t0 = wall_seconds(), blocked = exposed_seconds();
   const double loss = stage.forward(slot, batch, for_backward);
   Kokkos::fence();
-  t_forward_ += wall_seconds() - t0;
+  if (slow_down_ > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(slow_down_ * (wall_seconds() - t0)));
+  seconds_.forward += wall_seconds() - t0;
+  seconds_.forward_blocked += exposed_seconds() - blocked;
   trace_op(false, mb, chunk, int(chunks_.size()), t0);
   if (std::size_t(mb) >= losses_.size()) losses_.resize(std::size_t(mb) + 1, 0.0);
   losses_[std::size_t(mb)] += loss;
 }
 
 template <class P>
-std::pair<double, double> PipelineExecutor<P>::take_compute_seconds() {
-  const std::pair<double, double> t{t_forward_, t_backward_};
-  t_forward_ = t_backward_ = 0;
+auto PipelineExecutor<P>::take_compute_seconds() -> ComputeSeconds {
+  const ComputeSeconds t = seconds_;
+  seconds_ = {};
   return t;
 }
 
@@ -203,10 +208,11 @@ double PipelineExecutor<P>::train(const MicroBatches& mbs, A dloss) {
         K::CVec<T> dout;
         if (global(op.chunk) < last_global()) dout = wait_recv(true, op.mb, op.chunk, B);
         ch.dp->begin_micro_batch(int(i) == last_backward_[std::size_t(op.chunk)]);
-        const double t0 = wall_seconds();
+        const double t0 = wall_seconds(), blocked = exposed_seconds();
         ch.stage->backward(slot, dloss, dout);
         Kokkos::fence();
-        t_backward_ += wall_seconds() - t0;
+        seconds_.backward += wall_seconds() - t0;
+        seconds_.backward_blocked += exposed_seconds() - blocked;
         trace_op(true, op.mb, op.chunk, int(chunks_.size()), t0);
         if (global(op.chunk) < last_global()) release_recv(true, op.mb, op.chunk);
         release_slot(op.chunk, op.mb);

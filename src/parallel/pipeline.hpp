@@ -49,8 +49,17 @@ class PipelineExecutor {
   // token-loss sum of each micro-batch (the last stage's; 0 elsewhere).
   std::vector<double> forward_only(const MicroBatches& mbs);
 
-  // Seconds in forwards and in backwards (waits for messages excluded) since the last call.
-  std::pair<double, double> take_compute_seconds();
+  // Seconds in forwards and in backwards since the last call (waits for pipeline messages
+  // excluded), and how much of each was spent blocked on other Comms inside them (tp, cp and
+  // ep collectives, ZeRO 3 gathers): the difference is what the rank computed.
+  struct ComputeSeconds {
+    double forward = 0, backward = 0;
+    double forward_blocked = 0, backward_blocked = 0;
+  };
+  ComputeSeconds take_compute_seconds();
+  // run%debug_slow_rank: after each forward this rank sleeps `factor` times as long as the
+  // forward took, counted as forward time (the straggler test).
+  void slow_down(double factor) { slow_down_ = factor; }
   // The last train()'s computes in list order (2*m*v): each one's wall time since the
   // previous compute ended (the first: since train() began) less the waits on the pp group
   // in it, so message copies and posts count with the compute they lead to. What the
@@ -91,7 +100,8 @@ class PipelineExecutor {
   std::map<int, Message> recvs_;  // by tag
   std::vector<Message> sends_;
   std::vector<double> losses_;  // per micro-batch
-  double t_forward_ = 0, t_backward_ = 0;
+  ComputeSeconds seconds_;
+  double slow_down_ = 0;
   std::vector<double> op_seconds_;
   double input_wait_s_ = 0;
 };

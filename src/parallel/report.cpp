@@ -72,6 +72,38 @@ std::string keep_rows_before(const std::string& path, std::int64_t first_step) {
   return header;
 }
 
+// log.csv column of the slowest rank of a phase, or its compute time over the median's:
+// "slowest_forward_rank", "slowest_forward_ratio".
+std::string straggler_column(const char* phase, const char* what) {
+  return cat("slowest_", phase, "_", what);
+}
+
+// The slowest ranks' log.csv cells; returns them as text for the log, "forward rank 3 (host)
+// 0.0520 s = 1.04x, ...".
+std::string straggler_cells(const StepResult& r, std::map<std::string, std::string>& cell) {
+  std::string text;
+  for (const auto& w : r.stragglers) {
+    cell[straggler_column(w.phase, "rank")] = std::to_string(w.rank);
+    cell[straggler_column(w.phase, "ratio")] = fixed("%.4f", w.ratio);
+    text += cat(text.empty() ? "" : ", ", w.phase, " rank ", w.rank, " (", w.host, ") ",
+                fixed("%.4f", w.seconds), " s = ", fixed("%.2f", w.ratio), "x");
+  }
+  return text;
+}
+
+// A warning for each phase whose slowest rank is more than run%straggler_factor times its
+// stage's median (0: none) and slower by at least kStragglerFloor of the step time: a phase of
+// a few milliseconds doubles on a shared node without holding anyone up.
+constexpr double kStragglerFloor = 0.05;
+void warn_stragglers(const StepResult& r, double factor) {
+  for (const auto& w : r.stragglers)
+    if (factor > 0 && w.ratio > factor && w.seconds - w.median >= kStragglerFloor * w.step_seconds)
+      log::warn(cat("step ", r.step, ": rank ", w.rank, " on ", w.host, " is a straggler: its ",
+                    w.phase, " computes ", fixed("%.4f", w.seconds), " s per step, ",
+                    fixed("%.2f", w.ratio), "x the median ", fixed("%.4f", w.median),
+                    " s of its pipeline stage's ranks (run%straggler_factor = ", factor, ")"));
+}
+
 // log.csv column of one MoE layer's statistic: "moe_h3_max".
 std::string moe_column(std::int64_t layer, const char* what) {
   return cat("moe_h", layer, "_", what);
@@ -124,6 +156,10 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
     columns_.insert(columns_.end(), {"bytes_" + g, "exposed_" + g + "_s"});
     if (i == kDenseGrad) columns_.push_back("overlap_dense_grad");
   }
+  if (world > config.parallel.pp)  // some stage has ranks to compare (Trainer::report_stragglers)
+    for (const char* phase : {"forward", "backward", "optimizer"})
+      columns_.insert(columns_.end(),
+                      {straggler_column(phase, "rank"), straggler_column(phase, "ratio")});
   // A restarted run continues the same log.csv, in the columns it has, without the rows a
   // crashed run wrote after its last checkpoint (they are about to be computed again).
   const std::string path = config.run.out_dir + "/log.csv";
@@ -170,6 +206,7 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
       {"moe_load_min", fixed("%.4f", r.moe_load_min)},
       {"moe_load_max", fixed("%.4f", r.moe_load_max)}};
   const std::string moe_text = moe_layer_cells(r, cell);
+  const std::string straggler_text = straggler_cells(r, cell);
   std::string comm_text;
   for (std::size_t i : groups_) {
     const GroupTraffic& t = traffic_[i];
@@ -187,6 +224,7 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
   if (!csv_.flush())
     throw Error(cat(config_.run.out_dir, "/log.csv: cannot write the row of step ", r.step, ": ",
                     std::strerror(errno ? errno : EIO)));
+  // Steps with a straggler report (every log_every, the last) always print.
   const bool print = r.step == 1 || r.step % config_.run.log_every == 0 ||
                      r.step == config_.run.steps || !std::isnan(val_loss) || r.skipped;
   if (!print) return;
@@ -213,6 +251,12 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
   if (!moe_text.empty())
     log::info(cat("step ", fixed("%5.0f", double(r.step)),
                   " | expert loads min/mean/max tokens: ", moe_text));
+  if (straggler_text.empty()) return;
+  log::info(cat("step ", fixed("%5.0f", double(r.step)),
+                " | slowest ranks, compute per step (waits excluded) against the median of their "
+                "pipeline stage: ",
+                straggler_text));
+  warn_stragglers(r, config_.run.straggler_factor);
 }
 
 std::string bench_report(double step_seconds, std::int64_t steps) {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <thread>
-#include <tuple>
 
 #include "kernels/kernels.hpp"
 #include "util/error.hpp"
@@ -60,6 +60,88 @@ CommChoice choice(const Config& c, const Grid& grid, bool reduces, bool collecti
                   bool used = true) {
   if (c.backend.comm == "mpi" || !used) return {};
   return {grid.node(), reduces, collective && c.backend.device == "cuda" && !c.backend.share_gpus};
+}
+
+// Sums of checksums mod 2^64 over `group`, in place (a Comm has no unsigned type): the 32-bit
+// halves summed as int64 (exact below 2^31 ranks), then put back together.
+void sum_checksums(Comm& group, std::vector<std::uint64_t>& v) {
+  std::vector<std::int64_t> halves(2 * v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    halves[2 * i] = std::int64_t(v[i] & 0xffffffffULL);
+    halves[2 * i + 1] = std::int64_t(v[i] >> 32);
+  }
+  group.all_reduce_sum(halves.data(), halves.size(), Space::host).wait();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = std::uint64_t(halves[2 * i]) + (std::uint64_t(halves[2 * i + 1]) << 32);
+}
+
+// The first index at which the members of `group` hold different values, or v.size(): one
+// all-reduce of the maxima of the values and of their complements (max ~x = ~min x).
+std::size_t first_difference(Comm& group, const std::vector<std::uint64_t>& v) {
+  std::vector<std::int64_t> x(2 * v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    x[2 * i] = std::int64_t(v[i]);
+    x[2 * i + 1] = ~std::int64_t(v[i]);
+  }
+  group.all_reduce_max(x.data(), x.size(), Space::host).wait();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (x[2 * i] != ~x[2 * i + 1]) return i;
+  return v.size();
+}
+
+// "rank 3", "ranks 0, 2 and 5", with `hosts` "rank 3 (host a)", "ranks 2 and 3 (hosts a, b)";
+// at most 8 named.
+std::string name_ranks(const std::vector<int>& ranks, const std::vector<std::string>* hosts) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ", on;
+  const std::size_t named = std::min<std::size_t>(ranks.size(), 8);
+  for (std::size_t i = 0; i < named; ++i) {
+    out += cat(i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ", ranks[i]);
+    if (hosts) on += cat(i == 0 ? "" : ", ", (*hosts)[std::size_t(ranks[i])]);
+  }
+  if (named < ranks.size()) out += cat(" and ", ranks.size() - named, " more");
+  if (hosts) out += cat(ranks.size() == 1 ? " (host " : " (hosts ", on, ")");
+  return out;
+}
+
+// The members of `group` hold different checksums of `tensor`: who holds which, by a vote over
+// every member's value. Collective over the group; the same text on every member.
+std::string replica_difference(Comm& group, std::uint64_t value, int world_rank,
+                               const std::vector<std::string>& hosts, const std::string& tensor,
+                               const std::string& who) {
+  const int n = group.size();
+  const std::int64_t mine[2] = {std::int64_t(value), world_rank};
+  std::vector<std::int64_t> all(std::size_t(2 * n));
+  group.all_gather(mine, all.data(), std::vector<int>(std::size_t(n), 2), Space::host).wait();
+  // The ranks holding each value, values in order of their lowest rank.
+  std::vector<std::pair<std::int64_t, std::vector<int>>> holders;
+  for (int q = 0; q < n; ++q) {
+    const std::int64_t x = all[std::size_t(2 * q)];
+    auto it =
+        std::find_if(holders.begin(), holders.end(), [x](const auto& h) { return h.first == x; });
+    if (it == holders.end()) it = holders.emplace(holders.end(), x, std::vector<int>());
+    it->second.push_back(int(all[std::size_t(2 * q + 1)]));
+  }
+  for (auto& h : holders) std::sort(h.second.begin(), h.second.end());
+  std::sort(holders.begin(), holders.end(),
+            [](const auto& a, const auto& b) { return a.second.front() < b.second.front(); });
+  const auto most = std::max_element(
+      holders.begin(), holders.end(),
+      [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  if (2 * most->second.size() > std::size_t(n)) {
+    std::vector<int> odd;
+    for (const auto& h : holders)
+      if (&h != &*most) odd.insert(odd.end(), h.second.begin(), h.second.end());
+    std::sort(odd.begin(), odd.end());
+    return cat(tensor, " on ", name_ranks(odd, &hosts), " differs from ",
+               name_ranks(most->second, nullptr), " (", who, ")");
+  }
+  std::string sets;
+  for (std::size_t i = 0; i < holders.size(); ++i)
+    sets += cat(i == 0                    ? ""
+                : i + 1 == holders.size() ? " and "
+                                          : ", ",
+                name_ranks(holders[i].second, &hosts));
+  return cat(tensor, " differs between ", sets, " (", who, "; no majority says which is wrong)");
 }
 
 }  // namespace
@@ -165,6 +247,9 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len / coord.cp);
   inputs_.resize(n);
   targets_.resize(n);
+  hosts_ = mpi::all_gather(grid.cart(), mpi::host_name());
+  if (config.run.debug_slow_rank == grid.world_rank()) pipeline_->slow_down(9);
+  plan_replica_checks();
 }
 
 template <class P>
@@ -315,12 +400,14 @@ StepResult Trainer<P>::step(std::int64_t s) {
   if (config_.run.debug_fail_rank == grid_.world_rank())
     throw Error(cat("run%debug_fail_rank: rank ", grid_.world_rank(),
                     " fails on purpose after the backward of step ", s));
-  std::tie(r.t_forward, r.t_backward) = pipeline_->take_compute_seconds();
+  const auto computed = pipeline_->take_compute_seconds();
+  r.t_forward = computed.forward, r.t_backward = computed.backward;
   if (config_.model.n_expert > 0) moe_summary(r);
   profile::region("grad-sync", [&] { finish_gradients(); });
 
   Stopwatch opt;
   opt.start();
+  const double blocked = exposed_seconds();  // the norm's all-reduce, ZeRO's parameter gather
   if (s == config_.run.debug_nan_step && grid_.world_rank() == 0)
     Kokkos::deep_copy(Kokkos::subview(data_parallel(0).update_grads(), 0),
                       G(std::numeric_limits<float>::quiet_NaN()));
@@ -346,14 +433,170 @@ StepResult Trainer<P>::step(std::int64_t s) {
       profile::region("param-gather", [&] { ch.dp->finish_step(); });
     }
   }
+  if (s == config_.run.debug_flip_step && config_.run.debug_flip_rank == grid_.world_rank())
+    chunks_.back().dp->flip_weight_bit();  // the replica check's test: a silent corruption
   Kokkos::fence();
   opt.stop();
   r.comm_overlap = 1;
   for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
+  if (ran_a_step_) {  // the first step pays for first touch, unevenly: not compared
+    computed_[0] += computed.forward - computed.forward_blocked;
+    computed_[1] += computed.backward - computed.backward_blocked;
+    computed_[2] += r.t_optimizer - (exposed_seconds() - blocked);
+    computed_[3] += r.t_step;
+    ++computed_steps_;
+  }
+  ran_a_step_ = true;
   if (pp_->size() > 1) measure_bubble(r);
+  // Decided by the step number, so every rank takes part in the same steps.
+  if (s % config_.run.log_every == 0 || s == config_.run.steps) report_stragglers(r);
   return r;
+}
+
+// Every rank's compute per phase since the last report, each compared with the median of the
+// ranks holding its pipeline stage (the same work; a pipeline's uneven stages show in the
+// bubble instead).
+template <class P>
+void Trainer<P>::report_stragglers(StepResult& r) {
+  const int world = grid_.world_size(), stages = grid_.size(Axis::p);
+  // No steps since the last report (the first step alone): the same on every rank.
+  if (computed_steps_ == 0) return;
+  const double steps = double(computed_steps_);
+  const double mine[4] = {computed_[0] / steps, computed_[1] / steps, computed_[2] / steps,
+                          double(grid_.coord(Axis::p))};
+  const double step_seconds = computed_[3] / steps;
+  std::fill(std::begin(computed_), std::end(computed_), 0.0);
+  computed_steps_ = 0;
+  if (world == stages) return;  // one rank per stage: no rank to compare with
+  std::vector<double> all(std::size_t(4 * world));
+  stats_->all_gather(mine, all.data(), std::vector<int>(std::size_t(world), 4), Space::host).wait();
+  static const char* const kPhases[3] = {"forward", "backward", "optimizer"};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<std::vector<double>> by_stage(static_cast<std::size_t>(stages));
+    for (int q = 0; q < world; ++q)
+      by_stage[std::size_t(all[std::size_t(4 * q + 3)])].push_back(all[std::size_t(4 * q + k)]);
+    std::vector<double> median(std::size_t(stages), 0.0);
+    for (int p = 0; p < stages; ++p) {
+      auto& v = by_stage[std::size_t(p)];
+      std::nth_element(v.begin(), v.begin() + std::ptrdiff_t((v.size() - 1) / 2), v.end());
+      median[std::size_t(p)] = v[(v.size() - 1) / 2];
+    }
+    StepResult::Straggler w;
+    w.phase = kPhases[k];
+    w.ratio = -1;
+    for (int q = 0; q < world; ++q) {
+      const double x = all[std::size_t(4 * q + k)],
+                   m = median[std::size_t(all[std::size_t(4 * q + 3)])];
+      const double ratio = m > 0 ? x / m : 1.0;
+      if (ratio > w.ratio) w = {kPhases[k], q, hosts_[std::size_t(q)], x, m, ratio, step_seconds};
+    }
+    r.stragglers.push_back(w);
+  }
+}
+
+// What is a replica of what (run%consistency_every). ZeRO 0-2 keep the whole compute weights
+// on every rank (ZeRO 1/2 after the parameter gather): dense tensors are copies over the
+// dense-grad group, expert tensors over the expert-grad group when ep splits them. ZeRO 3
+// keeps one shard per rank, so the data-parallel ranks hold no copies of each other, except
+// with zero_scope = 'node', whose node groups each hold a whole sharded copy (compared across
+// the nodes). Under any stage tp-replicated tensors are copies over tp, and wte on the first
+// pipeline stage and its tied copy on the last are copies over the embed group; under ZeRO 3
+// the checksums of a copy are summed over the group that shards it before they are compared.
+template <class P>
+void Trainer<P>::plan_replica_checks() {
+  if (config_.run.consistency_every == 0) return;
+  const bool zero3 = config_.parallel.zero == 3, split = grid_.size(Axis::e) > 1;
+  const std::string sharded = zero3 ? "; under ZeRO 3 a rank stands for the copy its data-parallel "
+                                      "group shards"
+                                    : "";
+  // copies: each member stands for the copy its data-parallel group shards (ZeRO 3 over tp and
+  // the ends, whose shards need not line up); else members hold the same part of a tensor.
+  // Each host-space Comm is named after its group (`kind`), so the watchdog's sequence numbers
+  // stay alike on every member of a kind (the ends' group has no middle stages).
+  auto group = [&](MPI_Comm comm, const char* kind, std::string who, bool copies, auto&& compared) {
+    Replicas g{make_comm(comm, kind), std::move(who), {}, copies};
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const auto& tensors = chunks_[c].dp->layout().tensors;
+      for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (compared(tensors[i])) g.tensors.emplace_back(int(c), int(i));
+    }
+    // Every member lists the same tensors: they hold the same chunks' layouts.
+    if (g.comm->size() > 1 && !g.tensors.empty()) replicas_.push_back(std::move(g));
+  };
+  using Spec = model::TensorSpec;
+  if (!zero3) {
+    group(grid_.comm(GroupKind::dense_grad), "dense-grad", "data-parallel replicas", false,
+          [&](const Spec& t) { return !(split && t.expert); });
+    if (split)
+      group(grid_.comm(GroupKind::expert_grad), "expert-grad", "expert data-parallel replicas",
+            false, [](const Spec& t) { return t.expert; });
+  } else if (dense_grad_replicas_) {  // every node cuts its copy alike
+    group(dense_grad_levels_.across.get(), "dense-grad-inter",
+          "replicas on other nodes, parallel%zero_scope = 'node'", false,
+          [](const Spec&) { return true; });
+  }
+  group(grid_.comm(GroupKind::tp), "tp", "tp ranks" + sharded, zero3,
+        [](const Spec& t) { return t.tp_replicated(); });
+  if (ends_)
+    group(grid_.comm(GroupKind::embed), "embed",
+          "wte and its tied copy on the last pipeline stage" + sharded, zero3,
+          [](const Spec& t) { return t.name == "wte.weight"; });
+  if (zero3) {
+    copy_dense_ = dense_grad_shards_ ? make_comm(dense_grad_levels_.node.get(), "dense-grad-intra")
+                                     : make_comm(grid_.comm(GroupKind::dense_grad), "dense-grad");
+    if (split) copy_experts_ = make_comm(grid_.comm(GroupKind::expert_grad), "expert-grad");
+  }
+}
+
+template <class P>
+void Trainer<P>::check_replicas(std::int64_t step) {
+  if (config_.run.consistency_every == 0 || step == checked_step_) return;
+  checked_step_ = step;
+  std::string error;
+  profile::region("consistency", [&] {
+    std::vector<std::vector<std::uint64_t>> held, sums;
+    for (auto& ch : chunks_) held.push_back(ch.dp->weight_checksums());
+    sums = held;
+    if (copy_dense_) {  // ZeRO 3: each copy's checksums, summed over its shards
+      const bool split = copy_experts_ != nullptr;
+      for (const bool experts : {false, true}) {
+        if (experts && !split) break;
+        std::vector<std::uint64_t> v;
+        for (std::size_t c = 0; c < chunks_.size(); ++c)
+          for (std::size_t i = 0; i < sums[c].size(); ++i)
+            if ((split && chunks_[c].dp->layout().tensors[i].expert) == experts)
+              v.push_back(sums[c][i]);
+        sum_checksums(experts ? *copy_experts_ : *copy_dense_, v);
+        std::size_t k = 0;
+        for (std::size_t c = 0; c < chunks_.size(); ++c)
+          for (std::size_t i = 0; i < sums[c].size(); ++i)
+            if ((split && chunks_[c].dp->layout().tensors[i].expert) == experts)
+              sums[c][i] = v[k++];
+      }
+    }
+    // Every group is compared on every member, so the collectives match whatever is found.
+    for (Replicas& g : replicas_) {
+      std::vector<std::uint64_t> v;
+      for (const auto& [c, i] : g.tensors)
+        v.push_back((g.copies ? sums : held)[std::size_t(c)][std::size_t(i)]);
+      const std::size_t k = first_difference(*g.comm, v);
+      if (k == v.size()) continue;
+      const auto [c, i] = g.tensors[k];
+      const std::string what = replica_difference(
+          *g.comm, v[k], grid_.world_rank(), hosts_,
+          chunks_[std::size_t(c)].dp->layout().tensors[std::size_t(i)].name, g.who);
+      if (error.empty())
+        error = cat("step ", step, ": replicas differ: ", what,
+                    ", found by run%consistency_every; no checkpoint was written from this state");
+    }
+  });
+  // The lowest rank that found a difference tells every rank (maxima of negatives).
+  int lowest = error.empty() ? std::numeric_limits<int>::min() : -grid_.world_rank();
+  stats_->all_reduce_max(&lowest, 1, Space::host).wait();
+  if (lowest == std::numeric_limits<int>::min()) return;
+  throw Error(mpi::broadcast(grid_.cart(), -lowest, error), kExitRuntime, ErrorScope::all_ranks);
 }
 
 template <class P>

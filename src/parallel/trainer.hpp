@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -47,6 +49,21 @@ struct StepResult {
     double min = 0, mean = 0, max = 0, dropped = 0;
   };
   std::vector<MoeLayer> moe_layers;
+  // Every run%log_every steps and at the last, when some pipeline stage has more than one
+  // rank: per phase (forward, backward, optimizer, in that order), the rank whose compute
+  // time (wall time less the time blocked on any Comm) over the steps since the previous
+  // report (not the run's first, which pays for first touch) is the largest against the
+  // median of the ranks holding its pipeline stage (the lower median: one slow rank of two is
+  // named). Empty on other steps.
+  struct Straggler {
+    const char* phase = "";
+    int rank = 0;  // world rank
+    std::string host;
+    double seconds = 0, median = 0;  // compute per step
+    double ratio = 1;                // seconds / median
+    double step_seconds = 0;         // the mean step time over the report's steps
+  };
+  std::vector<Straggler> stragglers;
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) a backend%device
@@ -74,6 +91,12 @@ class Trainer {
 
   StepResult step(std::int64_t s);  // optimizer step s (1-based)
   double evaluate();  // mean loss over the validation samples; NaN when a stop signal came
+  // run%consistency_every (0: does nothing): the replicas of every tensor compare checksums of
+  // their compute weights — data-parallel copies, tp-replicated tensors, wte and its tied copy
+  // on the last pipeline stage — and a difference throws Error(kExitRuntime, all_ranks) naming
+  // the step, the tensor and the ranks. Collective over every rank; `step` labels the message,
+  // and a step already checked is not checked again.
+  void check_replicas(std::int64_t step);
   bool can_evaluate() const { return data_->has_val(); }
 
  private:
@@ -97,6 +120,10 @@ class Trainer {
   // fewer than kLeastSteps of them (the history starts again at a restart).
   double recent_median() const;
   static constexpr std::size_t kRecentSteps = 20, kLeastSteps = 5;
+  // Every rank's compute seconds per phase since the last report, gathered into r.stragglers.
+  void report_stragglers(StepResult& r);
+  // The groups check_replicas compares over, from the layouts (run%consistency_every > 0).
+  void plan_replica_checks();
   // This rank's contiguous slice [first, first+count) of n samples.
   std::pair<std::int64_t, std::int64_t> my_slice(std::int64_t n) const;
 
@@ -123,6 +150,25 @@ class Trainer {
   std::vector<std::int32_t> inputs_, targets_;  // one micro-batch, host
   std::int64_t consecutive_skips_ = 0;
   std::deque<double> recent_losses_;  // of the updated steps, the newest last
+  std::vector<std::string> hosts_;    // of every world rank, for messages naming a rank
+  // Compute seconds (blocked time excluded) of forward, backward and optimizer since the last
+  // straggler report, this rank's step time, and the steps they cover.
+  double computed_[4] = {0, 0, 0, 0};
+  std::int64_t computed_steps_ = 0;
+  bool ran_a_step_ = false;
+  // run%consistency_every: each group whose members hold copies of the same tensors, as a
+  // host-space Comm with the tensors (chunk, index in its layout) compared over it.
+  struct Replicas {
+    std::unique_ptr<Comm> comm;
+    std::string who;  // the members, as the message names them: "data-parallel replicas"
+    std::vector<std::pair<int, int>> tensors;
+    bool copies = false;  // ZeRO 3: compare whole copies (checksums summed over their shards)
+  };
+  std::vector<Replicas> replicas_;
+  // ZeRO 3: the groups one copy is sharded over (dense tensors; experts split over ep), over
+  // which a copy's checksums are summed before they are compared.
+  std::unique_ptr<Comm> copy_dense_, copy_experts_;
+  std::int64_t checked_step_ = -1;
 };
 
 }  // namespace ptrain::parallel

@@ -4,6 +4,8 @@
 #include <mpi-ext.h>  // MPIX_Query_cuda_support
 #endif
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -43,6 +45,12 @@ void check(int rc, const std::string& what) {
   int len = 0;
   MPI_Error_string(rc, text, &len);
   throw Error(cat(what, " failed: ", std::string(text, static_cast<std::size_t>(len))));
+}
+
+std::string host_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) return "unknown host";
+  return host;
 }
 
 int rank(MPI_Comm comm) {

@@ -27,6 +27,9 @@ void check(int rc, const std::string& what);
 // a job loads may differ from the one built against. Not collective.
 bool cuda_aware();
 
+// The host this process runs on (gethostname), for messages that name a rank's host.
+std::string host_name();
+
 int rank(MPI_Comm comm);  // not collective
 int size(MPI_Comm comm);  // not collective
 
