@@ -75,7 +75,7 @@ rc=0
 launch 2 "$PTRAIN" "$deck" "${common[@]}" --set run%steps=8 --set checkpoint%every=4 \
   --set checkpoint%async=.true. --set checkpoint%restart="'latest'" --set run%out_dir="'$out'" \
   >"$tmp/kill-restart.log" 2>&1 || rc=$?
-[ "$rc" = 0 ] || fail "kill: the restart failed: $(tail -3 "$tmp/kill-restart.log")"
+[ "$rc" = 0 ] || fail "kill: the restart failed: $(grep -m2 -i "error\|in use\|refus" "$tmp/kill-restart.log")"
 grep -q "restart: .*ckpt_00000004.h5 at step 4" "$tmp/kill-restart.log" || fail "kill: did not restart from step 4"
 [ "$(cat "$out/checkpoints/latest")" = ckpt_00000008.h5 ] || fail "kill: the restart's latest is $(cat "$out/checkpoints/latest")"
 [ ! -e "$out/checkpoints/.ckpt_00000008.h5.tmp" ] || fail "kill: the orphaned temporary file is still there"

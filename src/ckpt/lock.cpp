@@ -119,6 +119,18 @@ Holder read_holder(const std::string& path, const struct stat& st) {
   return h;
 }
 
+// Whether process `pid` of this host has ended and waits to be reaped (state Z in
+// /proc/<pid>/stat): kill(pid, 0) still finds it, but its run is over (a killed job whose
+// parent is gone, under an init that does not reap).
+bool is_zombie(long pid) {
+  std::ifstream in(cat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const std::size_t close = line.rfind(')');  // the name, in parentheses, may hold anything
+  return close != std::string::npos && close + 2 < line.size() &&
+         (line[close + 2] == 'Z' || line[close + 2] == 'X');
+}
+
 // Why the holder's run is over ("" when it may be alive).
 std::string stale_reason(const Holder& h) {
   if (h.age > kStaleSeconds)
@@ -131,6 +143,7 @@ std::string stale_reason(const Holder& h) {
     if (end == h.pid.c_str() || *end || pid <= 0) return "";
     if (pid == long(getpid())) return "its process is gone (this process has its pid now)";
     if (kill(pid_t(pid), 0) != 0 && errno == ESRCH) return "its process is gone";
+    if (is_zombie(pid)) return "its process is gone (a zombie, not yet reaped)";
     return "";
   }
   if (h.job != "none" && !h.job.empty() && h.job == this_job())
