@@ -7,6 +7,11 @@
 //     --memory SIZE           memory per rank the fit is judged against (plan and run)
 //     --bandwidth RATE        bytes/s per rank for ranking --plan's advice
 //     --bench                 time training steps against a measured sgemm peak
+//     --machine FILE          the machine the cost model prices on (a &machine group)
+//     --search                with --plan: every layout of the world, ranked by the cost model
+//     --write-deck FILE       with --search: the fastest layout as a deck
+//     --calibrate             measure this machine for the deck's shapes and write its &machine
+//     --write-machine FILE    where --calibrate writes it (default run%out_dir/machine.nml)
 //     --help-deck             the deck reference (Markdown)
 //     --version, --help
 //
@@ -39,8 +44,11 @@
 #include "grid/grid.hpp"
 #include "kernels/gemm.hpp"
 #include "model/layout.hpp"
+#include "parallel/calibrate.hpp"
+#include "parallel/cost.hpp"
 #include "parallel/plan.hpp"
 #include "parallel/report.hpp"
+#include "parallel/search.hpp"
 #include "parallel/trainer.hpp"
 #include "util/device_guard.hpp"
 #include "util/error.hpp"
@@ -72,6 +80,15 @@ const char* kUsage =
     "                          per node); --plan says what fits, a run that would not fit stops\n"
     "  --bandwidth RATE        bytes/s a rank sends at, e.g. 25GB/s: ranks --plan's advice\n"
     "  --bench                 time training steps against a measured sgemm peak\n"
+    "  --machine FILE          price steps on this machine (a &machine group, as --calibrate\n"
+    "                          writes; default: the deck's &machine, else its node class)\n"
+    "  --search                with --plan: every layout of the world that fits, ranked by\n"
+    "                          predicted tokens/s (the top ten printed)\n"
+    "  --write-deck FILE       with --search: write the fastest layout as a deck\n"
+    "  --calibrate             measure gemm, attention, kernel, optimizer and link rates on\n"
+    "                          these ranks for the deck's shapes, run a few of its steps, and\n"
+    "                          write the &machine group the cost model uses\n"
+    "  --write-machine FILE    where --calibrate writes (default run%out_dir/machine.nml)\n"
     "  --help-deck             print the deck reference (Markdown)\n"
     "  --version               print the version\n"
     "  --help                  print this help\n";
@@ -80,6 +97,8 @@ struct Options {
   std::string deck;
   std::vector<std::string> overrides;
   bool plan = false, bench = false, help = false, help_deck = false, version = false;
+  bool search = false, calibrate = false;
+  std::string machine, write_deck, write_machine;  // --machine, --write-deck, --write-machine
   int world = 0, ranks_per_node = 0;
   double memory = 0, bandwidth = 0;  // --memory, --bandwidth (0: not given)
 };
@@ -109,6 +128,16 @@ Options parse_args(int argc, char** argv) {
       o.plan = true;
     else if (a == "--bench")
       o.bench = true;
+    else if (a == "--search")
+      o.search = true;
+    else if (a == "--calibrate")
+      o.calibrate = true;
+    else if (a == "--machine")
+      o.machine = value();
+    else if (a == "--write-deck")
+      o.write_deck = value();
+    else if (a == "--write-machine")
+      o.write_machine = value();
     else if (a == "--world")
       o.world = parse_count(a, value());
     else if (a == "--memory" || a == "--bandwidth") {
@@ -139,7 +168,60 @@ Options parse_args(int argc, char** argv) {
   if (o.deck.empty()) throw Error(cat("ptrain: no deck given\n", kUsage), kExitInput);
   if ((o.world || o.ranks_per_node) && !o.plan)
     throw Error("ptrain: --world and --ranks-per-node go with --plan", kExitInput);
+  if (o.search && !o.plan) throw Error("ptrain: --search goes with --plan", kExitInput);
+  if (!o.write_deck.empty() && !o.search)
+    throw Error("ptrain: --write-deck goes with --plan --search", kExitInput);
+  if (!o.write_machine.empty() && !o.calibrate)
+    throw Error("ptrain: --write-machine goes with --calibrate", kExitInput);
+  if (o.calibrate && o.plan) throw Error("ptrain: --calibrate and --plan are two runs", kExitInput);
   return o;
+}
+
+// parallel%pp_layers = -1: the split the cost model balances (parallel/cost.hpp), validated
+// again for the world; any other deck as it is. Every rank computes the same.
+Config with_balanced_split(const Config& config, int world) {
+  if (config.parallel.pp_layers.empty() || config.parallel.pp_layers[0] != -1) return config;
+  Config c = parallel::balanced_split(config, parallel::machine_of(config));
+  deck::validate(c, world);
+  std::string counts;
+  for (std::size_t i = 0; i < c.parallel.pp_layers.size() && c.parallel.pp_layers[i] > 0; ++i)
+    counts += cat(i ? ", " : "", c.parallel.pp_layers[i]);
+  log::info(cat("parallel%pp_layers = -1: the layers split ", counts,
+                " over the pipeline chunks, the slowest chunk the fastest the cost model finds (",
+                parallel::describe_machine(parallel::machine_of(c)), ")"));
+  return c;
+}
+
+// Writes `text` to `path` (the user's output file): one line and exit 2 when it cannot.
+void write_user_file(const std::string& path, const std::string& text, const char* what) {
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  std::ofstream out(path, std::ios::trunc);
+  if (!(out << text).flush())
+    throw Error(cat(what, " ", path, ": cannot write: ", std::strerror(errno ? errno : EIO)),
+                kExitInput);
+}
+
+// --plan --search: the ranked layouts, and with --write-deck the fastest as a deck.
+void search_layouts(const Options& o, const Config& config, int world, int ranks_per_node) {
+  const parallel::MemoryBudget budget =
+      parallel::memory_budget(config, {o.memory, o.bandwidth}, ranks_per_node);
+  const parallel::LayoutSearch s = parallel::search_layouts(
+      config, world, ranks_per_node, budget.bytes, parallel::machine_of(config));
+  std::fputs(
+      cat("\n", parallel::describe_machine(parallel::machine_of(config)), "\nmemory a rank has: ",
+          budget.bytes > 0 ? cat(format_bytes(budget.bytes), " (", budget.source, ")")
+                           : budget.source,
+          "\n", parallel::search_report(s))
+          .c_str(),
+      stdout);
+  if (o.write_deck.empty()) return;
+  if (s.ranked.empty())
+    throw Error(cat("--write-deck ", o.write_deck, ": no layout fits, nothing written"),
+                kExitInput);
+  write_user_file(o.write_deck, deck::echo(s.ranked.front().config), "--write-deck");
+  std::fputs(cat("wrote the fastest layout to ", o.write_deck, "\n").c_str(), stdout);
 }
 
 // `ptrain --plan`: with --world, plan for a machine we are not on (login node);
@@ -148,16 +230,59 @@ int run_plan(const Options& o, int world_rank, int world_size) {
   if (o.world > 0) {
     if (world_rank != 0) return kExitOk;  // a pure computation: rank 0 alone does it
     Config config = deck::parse_file(o.deck, o.overrides);
+    if (!o.machine.empty()) deck::read_machine(config, o.machine);
+    if (o.search) {
+      // The search sets the layout itself: a deck whose own layout does not suit this world
+      // is searched all the same, its model and training checked on one rank.
+      std::string own;
+      try {
+        Config c = config;
+        deck::validate(c, o.world);
+      } catch (const Error& e) {
+        own = e.what();
+      }
+      if (!own.empty()) {
+        Config neutral = config;
+        neutral.parallel.tp = neutral.parallel.pp = neutral.parallel.cp = 1;
+        neutral.parallel.ep = neutral.parallel.dp = neutral.parallel.virtual_stages = 1;
+        neutral.parallel.zero = 0;
+        neutral.parallel.sequence_parallel = false;
+        neutral.parallel.pp_schedule = "1f1b";
+        std::fill(neutral.parallel.pp_layers.begin(), neutral.parallel.pp_layers.end(), 0);
+        neutral.train.micro_batch = 1;
+        deck::validate(neutral, 1);
+        std::fputs(cat("the deck's own layout is not one of ", o.world, " ranks (", own,
+                       "): searching them all\n")
+                       .c_str(),
+                   stdout);
+        search_layouts(o, neutral, o.world, o.ranks_per_node ? o.ranks_per_node : 1);
+        return kExitOk;
+      }
+    }
     deck::validate(config, o.world);
+    config = with_balanced_split(config, o.world);
     Layout layout(GridShape::from_config(config), o.world, o.ranks_per_node ? o.ranks_per_node : 1);
     layout.check_topology(config.parallel.strict_topology);
     std::fputs(parallel::plan_report(config, layout, {o.memory, o.bandwidth}).c_str(), stdout);
+    if (o.search) search_layouts(o, config, o.world, o.ranks_per_node ? o.ranks_per_node : 1);
     return kExitOk;
   }
-  Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
+  Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size, o.machine);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
+  config = with_balanced_split(config, world_size);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
   log::info(parallel::plan_report(config, grid.layout(), {o.memory, o.bandwidth}));
+  if (o.search) {
+    std::string error;
+    if (world_rank == 0) {
+      try {
+        search_layouts(o, config, world_size, grid.layout().max_ranks_per_node());
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    mpi::agree(MPI_COMM_WORLD, error, kExitInput);
+  }
   return kExitOk;
 }
 
@@ -309,6 +434,29 @@ void log_memory_peaks(const Config& config, const Grid& grid) {
                 format_bytes(plan.total()), " (the categories' peaks summed)"));
 }
 
+// The run's mean step and its parts (steps after the first), beside the cost model's.
+struct MeasuredStep {
+  double step = 0, forward = 0, backward = 0, optimizer = 0, bubble = 0;
+  int steps = 0;
+  void add(const parallel::StepResult& r) {
+    step += r.t_step, forward += r.t_forward, backward += r.t_backward;
+    optimizer += r.t_optimizer, bubble += r.bubble;
+    ++steps;
+  }
+  // "cost model: measured step 0.412 s (forward 0.12, ...), predicted 0.398 s: 1.04 times"
+  std::string against(const parallel::StepPrediction& p) const {
+    const double n = double(steps);
+    return cat("cost model: measured step ", fixed("%.4g", step / n), " s (forward ",
+               fixed("%.3g", forward / n), ", backward ", fixed("%.3g", backward / n),
+               ", optimizer ", fixed("%.3g", optimizer / n), ", bubble ",
+               fixed("%.1f%%", 100 * bubble / n), "; rank 0, communication inside), predicted ",
+               fixed("%.4g", p.step), " s (forward ", fixed("%.3g", p.forward), ", backward ",
+               fixed("%.3g", p.backward + p.recompute), ", optimizer ", fixed("%.3g", p.optimizer),
+               ", bubble ", fixed("%.1f%%", 100 * p.bubble), "): measured ",
+               fixed("%.2f", step / n / p.step), " times the prediction");
+  }
+};
+
 template <class P>
 int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const int world = grid.world_size();
@@ -338,6 +486,11 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const double t0 = wall_seconds();
   double last_val = std::nan(""), last_loss = std::nan("");
   double tokens = 0, busy = 0;
+  MeasuredStep measured;  // the steps after the first, for the cost model's line
+  const parallel::Machine machine = parallel::machine_of(config);
+  const parallel::StepPrediction predicted = parallel::predict_step(config, grid.layout(), machine);
+  log::info(cat("cost model: predicted ", parallel::describe_prediction(predicted), " (",
+                parallel::describe_machine(machine), ")"));
   for (std::int64_t s = done + 1; s <= config.run.steps; ++s) {
     profile::enable(bench && s > done + 1);  // --bench: kernel breakdown, first step excluded
     profiled_steps += profile::enabled() ? 1 : 0;
@@ -351,6 +504,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     if (s > done + 1 || config.run.steps == done + 1) {  // the first step pays for first touch
       tokens += double(r.tokens);
       busy += r.t_step;
+      measured.add(r);
     }
     runlog.step(r, val, wall_seconds() - t0);
     checkpoints.poll(s);  // a background write that has ended: logged, or its error thrown
@@ -382,6 +536,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   const double seconds = wall_seconds() - t0;
   const double tok_s = busy > 0 ? tokens / busy : 0;
   const double gflops = model::flops_per_token(config) * tok_s / 1e9;
+  if (measured.steps > 0) log::info(measured.against(predicted));
   log_memory_peaks(config, grid);  // before the second probe, whose buffers are not the run's
   if (bench && config.backend.peak_gflops <= 0) log_probe_after(config, peak, gflops / world);
   log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds), "; final loss ",
@@ -394,6 +549,33 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   if (bench)
     log::info(
         parallel::bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
+  return kExitOk;
+}
+
+// `ptrain --calibrate`: the deck's &machine group measured on these ranks (parallel/calibrate.hpp),
+// written by rank 0 to --write-machine or run%out_dir/machine.nml.
+int calibrate_machine(const Options& o, const Config& config, const Grid& grid, int threads) {
+  kernels::set_blas_threads(blas_threads_for(config, threads));
+  const std::string path =
+      o.write_machine.empty() ? config.run.out_dir + "/machine.nml" : o.write_machine;
+  log::info(cat("calibrate: measuring this machine for ", config.deck_path, " on ",
+                grid.world_size(), " rank(s); the &machine group goes to ", path));
+  const Config measured = parallel::calibrate(config, grid, threads);
+  std::string error;
+  if (grid.world_rank() == 0) {
+    try {
+      write_user_file(
+          path,
+          cat("! ptrain machine file (ptrain --calibrate): use it with --machine ", path,
+              " (--plan, --plan --search, a run); rates at 0 take the node class's\n",
+              deck::echo_group(measured, "machine")),
+          "--write-machine");
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  mpi::agree(MPI_COMM_WORLD, error, kExitInput);
+  log::info(cat("calibrate: wrote ", path, "\n", deck::echo_group(measured, "machine")));
   return kExitOk;
 }
 
@@ -430,8 +612,9 @@ int run(int argc, char** argv, int world_rank, int world_size) {
     return run_plan(o, world_rank, world_size);
   }
 
-  Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size);
+  Config config = deck::load(MPI_COMM_WORLD, o.deck, o.overrides, world_size, o.machine);
   if (auto w = deck::no_keys_warning(config, o.overrides.size()); !w.empty()) log::warn(w);
+  config = with_balanced_split(config, world_size);
   Grid grid(MPI_COMM_WORLD, GridShape::from_config(config), config.parallel.strict_topology);
   parallel::check_supported(config);              // before Kokkos starts on a device
   const int threads = threads_for(config, grid);  // the deck and the node map decide them
@@ -444,6 +627,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
                 " on ", world_size, " rank(s)"));
   log::info(grid.describe());
   watchdog::start(MPI_COMM_WORLD, config.run.hang_timeout);
+  if (o.calibrate) return calibrate_machine(o, config, grid, threads);
   const model::Dims dims = model::dims_of(config);
   if (dims.Vpad != dims.V)
     log::info(cat("model: vocab ", dims.V, " padded to ", dims.Vpad, " (a multiple of tp = ",

@@ -20,8 +20,15 @@ namespace ptrain::deck {
 // `world_size` ranks and broadcasts the echoed deck, which every rank parses: all ranks
 // return the identical Config (its deck_keys counts the file's keys, not the echo's). On an
 // error every rank throws the same Error (exit code 2).
+// With `machine_file` (ptrain --machine FILE) its &machine group replaces the deck's first
+// (read_machine).
 Config load(MPI_Comm comm, const std::string& path, const std::vector<std::string>& overrides,
-            int world_size);
+            int world_size, const std::string& machine_file = "");
+
+// The &machine group of file `path` (ptrain --calibrate writes one) into config.machine, every
+// key the file leaves out at its default. Errors (exit 2) name the file: unreadable, no &machine
+// group, or any namelist error in it.
+void read_machine(Config& config, const std::string& path);
 
 // The warning the driver logs when the deck file assigns no key at all (config.deck_keys == 0,
 // e.g. an empty file: the run is every default, 100 steps): "deck FILE sets no keys: every
@@ -50,6 +57,9 @@ PrecisionPolicy precision_policy(const Config& config);
 // The resolved deck in namelist syntax, every group and key in schema order; keys equal
 // to their default carry "! default". parse_text(echo(c), ...) gives back c exactly.
 std::string echo(const Config& config);
+
+// One group of the resolved deck, as echo writes it ("\n&machine\n ... /\n").
+std::string echo_group(const Config& config, const std::string& group);
 
 // Markdown reference of every group and key (for the README and `ptrain --help-deck`).
 std::string help_deck();

@@ -65,16 +65,13 @@ std::string cell(const std::string& s) {
 
 }  // namespace
 
-std::string echo(const Config& config) {
-  std::string out = "! ptrain deck, resolved";
-  if (!config.deck_path.empty()) {
-    std::string path = config.deck_path;
-    std::replace(path.begin(), path.end(), '\n', ' ');  // the comment must stay one line
-    out += " (read from " + path + ")";
-  }
-  out += ". \"! default\" marks keys at their default.\n";
+namespace {
+// The groups of `only` (every group when empty) in namelist syntax.
+std::string echo_groups(const Config& config, const std::string& only) {
+  std::string out;
   const auto& specs = key_specs();
   for (const GroupSpec& g : group_specs()) {
+    if (!only.empty() && g.name != only) continue;
     std::size_t width = 0;
     for (int k : g.keys) width = std::max(width, specs[static_cast<std::size_t>(k)].key.size());
     std::vector<std::string> lines;
@@ -95,6 +92,22 @@ std::string echo(const Config& config) {
     out += "/\n";
   }
   return out;
+}
+}  // namespace
+
+std::string echo(const Config& config) {
+  std::string out = "! ptrain deck, resolved";
+  if (!config.deck_path.empty()) {
+    std::string path = config.deck_path;
+    std::replace(path.begin(), path.end(), '\n', ' ');  // the comment must stay one line
+    out += " (read from " + path + ")";
+  }
+  out += ". \"! default\" marks keys at their default.\n";
+  return out + echo_groups(config, "");
+}
+
+std::string echo_group(const Config& config, const std::string& group) {
+  return echo_groups(config, group);
 }
 
 std::string help_deck() {

@@ -1,6 +1,11 @@
 // deck/load.cpp — read the deck once (rank 0) and give every rank the same Config.
+#include <cctype>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 
 #include "deck/deck.hpp"
 #include "util/error.hpp"
@@ -9,7 +14,7 @@
 namespace ptrain::deck {
 
 Config load(MPI_Comm comm, const std::string& path, const std::vector<std::string>& overrides,
-            int world_size) {
+            int world_size, const std::string& machine_file) {
   // Rank 0 reads and checks the deck; every rank gets its error or the echoed deck.
   std::string error, echoed;
   int code = kExitOk;
@@ -17,6 +22,7 @@ Config load(MPI_Comm comm, const std::string& path, const std::vector<std::strin
   if (mpi::rank(comm) == 0) {
     try {
       Config config = parse_file(path, overrides);
+      if (!machine_file.empty()) read_machine(config, machine_file);
       validate(config, world_size);
       echoed = echo(config);
       deck_keys = config.deck_keys;
@@ -34,6 +40,26 @@ Config load(MPI_Comm comm, const std::string& path, const std::vector<std::strin
   Config config = parse_text(mpi::broadcast(comm, 0, echoed), path);
   config.deck_keys = static_cast<int>(deck_keys);  // of the file, not of the echo (every key)
   return config;
+}
+
+void read_machine(Config& config, const std::string& path) {
+  if (std::ifstream probe(path); !probe)
+    throw Error(cat("--machine ", path, ": cannot open: ", std::strerror(errno ? errno : ENOENT)),
+                kExitInput);
+  Config file;
+  try {
+    file = parse_file(path);
+  } catch (const Error& e) {
+    throw Error(cat("--machine: ", e.what()), kExitInput);
+  }
+  // A deck given by mistake parses too: the file must name the group.
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (char& c : text) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (text.find("&machine") == std::string::npos)
+    throw Error(cat(path, ": no &machine group (a machine file is what ptrain --calibrate writes)"),
+                kExitInput);
+  config.machine = file.machine;
 }
 
 std::string no_keys_warning(const Config& config, std::size_t n_overrides) {

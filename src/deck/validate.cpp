@@ -136,7 +136,15 @@ void check_pipeline(const Checker& ck, const Config& c) {
   // Pipeline: every stage chunk gets the same number of layers, or parallel%pp_layers says
   // how many each stage has; none are dropped, never silently uneven.
   I64 chunks = ck.mul(p.pp, p.virtual_stages, "parallel%pp*virtual_stages");
-  if (std::all_of(p.pp_layers.begin(), p.pp_layers.end(), [](I64 n) { return n == 0; })) {
+  if (!p.pp_layers.empty() && p.pp_layers[0] == -1 &&
+      std::all_of(p.pp_layers.begin() + 1, p.pp_layers.end(), [](I64 n) { return n == 0; })) {
+    // Balanced by the cost model (parallel/cost.hpp: balanced_split), resolved by the driver.
+    ck.require(p.pp > 1,
+               "parallel%pp_layers = -1 (a split balanced by cost) needs parallel%pp > 1");
+    ck.require(m.n_layer >= chunks,
+               cat("parallel%pp_layers = -1: model%n_layer = ", m.n_layer, " layers cannot fill ",
+                   chunks, " pipeline chunks (parallel%pp*virtual_stages) with one each"));
+  } else if (std::all_of(p.pp_layers.begin(), p.pp_layers.end(), [](I64 n) { return n == 0; })) {
     ck.require(m.n_layer % chunks == 0,
                cat("parallel%pp*virtual_stages = ", p.pp, "*", p.virtual_stages, " = ", chunks,
                    " does not divide model%n_layer = ", m.n_layer,

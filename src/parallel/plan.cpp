@@ -13,6 +13,7 @@
 #include "kernels/attention.hpp"
 #include "kernels/gemm.hpp"
 #include "model/activations.hpp"
+#include "parallel/cost.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/report.hpp"
 #include "parallel/schedule.hpp"
@@ -584,6 +585,8 @@ LargestShard largest_of(const Config& config, int ranks_per_node) {
   return l;
 }
 
+}  // namespace
+
 // The FLOPs per token recomputation adds, as model FLOPs count them (6*N + 12*L*h*s, causal
 // masking not discounted): full reruns every block's forward, a third of the blocks' share
 // (all but the LM head's 6*V*h); selective reruns the attention (4*h*s per layer: scores and
@@ -604,6 +607,8 @@ double recompute_flops_per_token(const Config& config) {
   return double(d.L) * (4.0 * double(d.C) * double(d.S) + 2 * 8.0 * double(d.C)) +
          dense * 20.0 * double(d.F);
 }
+
+namespace {
 
 // A step on one rank as the plan sees it: model FLOPs (with recomputation's) over the world at
 // the peak, stretched by the pipeline bubble, plus every group's bytes (rank 0's shard) at the
@@ -1014,13 +1019,13 @@ std::string model_section(const Config& config, const Layout& layout) {
   }
   if (par.cp > 1) line(context_parallel_line(config));
   if (d.n_expert > 0) line(moe_line(config));
-  if (config.backend.peak_gflops > 0) {
-    const double t = fpt * tokens / (config.backend.peak_gflops * 1e9 * layout.world());
-    line(cat("predicted step time at 100% of backend%peak_gflops = ", config.backend.peak_gflops,
-             " GFLOP/s per rank: ", fixed("%.3g s", t)));
-  } else {
-    line("predicted step time: set backend%peak_gflops (per rank) to get one");
-  }
+  const Machine machine = machine_of(config);
+  line(describe_machine(machine));
+  const StepPrediction p = predict_step(config, layout, machine);
+  line(cat("predicted ", describe_prediction(p)));
+  line(cat("FLOPs per step: model ", fixed("%.4g", p.model_flops), ", executed ",
+           fixed("%.4g", p.executed_flops), " (recomputation included; MFU and HFU are these over ",
+           "the step time and the ", to_string(policy.compute), " gemm peak of every rank)"));
   line("");
 
   return r;
@@ -1163,6 +1168,8 @@ std::string fit_section(const Config& config, const Layout& layout, const Memory
   return r + "\n";
 }
 
+}  // namespace
+
 // The share of a group's bytes that crosses nodes, for rank 0's instance of the group: an
 // all-to-all (ep) sends to every other member alike, so the share of members on another node;
 // the rest run as rings in group-rank order (collectives as MPI rings, the pipeline's and cp's
@@ -1171,11 +1178,6 @@ std::string fit_section(const Config& config, const Layout& layout, const Memory
 // A data-parallel group the run reduces in two levels (comm/comm.hpp, HierarchicalComm):
 // per rank (L-1)/L of each call's volume inside the node, (N-1)/N of 1/L of it across, the
 // same total as the ring's (D-1)/D, of which (N-1)/(D-1) crosses nodes.
-struct NodeSplit {
-  double inter_share = 0;
-  int crossing = 0, links = 0;                   // ring links that cross nodes, of all
-  int two_level_nodes = 0, two_level_ranks = 0;  // N and L when reduced in two levels
-};
 NodeSplit node_split(const Config& config, const Layout& layout, GroupKind g) {
   const std::vector<int> m = layout.members(g, 0);
   const int n = int(m.size());
@@ -1202,6 +1204,8 @@ NodeSplit node_split(const Config& config, const Layout& layout, GroupKind g) {
   s.inter_share = double(s.crossing) / double(s.links);
   return s;
 }
+
+namespace {
 
 // Bytes each group moves per step, from rank 0's shard, and how many of them cross nodes.
 std::string comm_section(const Config& config, const Layout& layout) {

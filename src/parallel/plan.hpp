@@ -78,6 +78,20 @@ struct ExpertEstimate {
 };
 ExpertEstimate estimate_experts(const Config& config);
 
+// The FLOPs per token train%recompute adds to model FLOPs (full: every block's forward again;
+// selective: attention, LayerNorms and GELU).
+double recompute_flops_per_token(const Config& config);
+
+// How rank 0's instance of group g lies on `layout`'s nodes: the share of its bytes that crosses
+// nodes (ring links in group-rank order whose ends are on different nodes; an all-to-all's
+// peers on another node; a two-level reduction's (N-1)/(D-1)).
+struct NodeSplit {
+  double inter_share = 0;
+  int crossing = 0, links = 0;                   // ring links that cross nodes, of all
+  int two_level_nodes = 0, two_level_ranks = 0;  // N and L when reduced in two levels
+};
+NodeSplit node_split(const Config& config, const Layout& layout, GroupKind g);
+
 // Micro-batches per step on one rank: global_batch / (micro_batch * dp * ep).
 std::int64_t micro_batches_per_step(const Config& config);
 // Idle fraction of the pipeline schedule: (p-1)/(v*m + p-1).

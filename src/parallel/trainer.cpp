@@ -441,10 +441,13 @@ StepResult Trainer<P>::step(std::int64_t s) {
   for (auto& ch : chunks_) r.comm_overlap = std::min(r.comm_overlap, ch.dp->overlap_fraction());
   r.t_optimizer = opt.total();
   r.t_step = wall_seconds() - t0;
+  r.compute_forward = computed.forward - computed.forward_blocked;
+  r.compute_backward = computed.backward - computed.backward_blocked;
+  r.compute_optimizer = r.t_optimizer - (exposed_seconds() - blocked);
   if (ran_a_step_) {  // the first step pays for first touch, unevenly: not compared
-    computed_[0] += computed.forward - computed.forward_blocked;
-    computed_[1] += computed.backward - computed.backward_blocked;
-    computed_[2] += r.t_optimizer - (exposed_seconds() - blocked);
+    computed_[0] += r.compute_forward;
+    computed_[1] += r.compute_backward;
+    computed_[2] += r.compute_optimizer;
     computed_[3] += r.t_step;
     ++computed_steps_;
   }

@@ -27,7 +27,9 @@ struct StepResult {
   std::int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0;
   double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
-  std::int64_t tokens = 0;                                            // in the global batch
+  // This rank's compute in each phase: its wall time less the time blocked on any Comm.
+  double compute_forward = 0, compute_backward = 0, compute_optimizer = 0;
+  std::int64_t tokens = 0;  // in the global batch
   // Traffic per group is read from the comm table around the step (parallel/report.hpp).
   double comm_overlap = 1;  // dense-grad bytes reduced before the end of the backward
   bool skipped = false;     // non-finite loss or norm, update dropped (train%nonfinite = 'skip')

@@ -1,0 +1,529 @@
+#include "parallel/calibrate.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <memory>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "deck/deck.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/kernels.hpp"
+#include "model/layout.hpp"
+#include "optim/optim.hpp"
+#include "parallel/cost.hpp"
+#include "parallel/plan.hpp"
+#include "parallel/report.hpp"
+#include "parallel/trainer.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "util/mpi.hpp"
+#include "util/timer.hpp"
+
+namespace ptrain::parallel {
+
+namespace {
+
+// Seconds per call of f() on this rank, every rank starting together: f() once to warm up and
+// size the run, then as many calls as take about `budget` seconds (at least one; the same
+// number on every rank, as f may be a collective); the median over the ranks.
+template <class F>
+double timed(MPI_Comm comm, double budget, F&& f) {
+  MPI_Barrier(comm);
+  double once = wall_seconds();
+  f();
+  Kokkos::fence();
+  once = wall_seconds() - once;
+  MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm);
+  const int calls = int(std::clamp(budget / std::max(once, 1e-9), 1.0, 1000.0));
+  MPI_Barrier(comm);
+  const double t0 = wall_seconds();
+  for (int k = 0; k < calls; ++k) {
+    f();
+    Kokkos::fence();
+  }
+  const double mine = (wall_seconds() - t0) / calls;
+  std::vector<double> all(std::size_t(mpi::size(comm)));
+  MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm);
+  std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(all.size() / 2), all.end());
+  return all[all.size() / 2];
+}
+
+// Least squares of y ~ sum_j c_j x_j, each row weighted 1 / y (relative errors): the
+// coefficients, or empty when the system is singular. At most 3 unknowns.
+std::vector<double> fit(const std::vector<std::vector<double>>& x, const std::vector<double>& y) {
+  const std::size_t n = x.empty() ? 0 : x[0].size();
+  std::vector<std::vector<double>> a(n, std::vector<double>(n + 1, 0.0));
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const double w = 1 / (y[i] * y[i]);
+    for (std::size_t j = 0; j < n; ++j) {
+      for (std::size_t k = 0; k < n; ++k) a[j][k] += w * x[i][j] * x[i][k];
+      a[j][n] += w * x[i][j] * y[i];
+    }
+  }
+  for (std::size_t j = 0; j < n; ++j) {  // Gauss-Jordan with partial pivoting
+    std::size_t pivot = j;
+    for (std::size_t r = j + 1; r < n; ++r)
+      if (std::abs(a[r][j]) > std::abs(a[pivot][j])) pivot = r;
+    std::swap(a[j], a[pivot]);
+    if (std::abs(a[j][j]) < 1e-300) return {};
+    for (std::size_t r = 0; r < n; ++r) {
+      if (r == j) continue;
+      const double f = a[r][j] / a[j][j];
+      for (std::size_t k = j; k <= n; ++k) a[r][k] -= f * a[j][k];
+    }
+  }
+  std::vector<double> c(n);
+  for (std::size_t j = 0; j < n; ++j) c[j] = a[j][n] / a[j][j];
+  return c;
+}
+
+// The median relative error of a fit: |model - measured| / measured.
+double fit_error(const std::vector<std::vector<double>>& x, const std::vector<double>& y,
+                 const std::vector<double>& c) {
+  std::vector<double> e;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    double m = 0;
+    for (std::size_t j = 0; j < c.size(); ++j) m += c[j] * x[i][j];
+    e.push_back(std::abs(m - y[i]) / y[i]);
+  }
+  std::nth_element(e.begin(), e.begin() + std::ptrdiff_t(e.size() / 2), e.end());
+  return e.empty() ? 0 : e[e.size() / 2];
+}
+
+// ---- gemm ----------------------------------------------------------------------------------
+
+using GemmShape = std::tuple<double, double, double>;  // M, N, K
+
+// The products the deck's layers make (forward and both backward ones) at tp 1, 2, 4, 8 and
+// micro-batches of 1/4, 1 and 4 times the deck's rows.
+std::vector<GemmShape> deck_gemm_shapes(const Config& config) {
+  const model::Dims d = model::dims_of(config);
+  const double R = double(config.train.micro_batch) * double(d.S / config.parallel.cp);
+  std::set<GemmShape> shapes;
+  for (int t : {1, 2, 4, 8}) {
+    if (d.C % t != 0 || d.NH % t != 0) continue;
+    for (double rows : {R / 4, R, 4 * R}) {
+      if (rows < 1) continue;
+      const double C = double(d.C), F = double(d.F);
+      for (auto [out, in] : {std::pair{3 * C / t, C}, std::pair{C, C / t}, std::pair{F / t, C},
+                             std::pair{C, F / t}}) {
+        shapes.insert({rows, out, in});
+        shapes.insert({rows, in, out});
+        shapes.insert({in, out, rows});
+      }
+    }
+  }
+  return {shapes.begin(), shapes.end()};
+}
+
+template <class T>
+double gemm_call_seconds(MPI_Comm comm, double budget, const GemmShape& s) {
+  const auto [M, N, K] = s;
+  Kokkos::View<T*> a("calibrate::a", std::size_t(M * K)), b("calibrate::b", std::size_t(K * N)),
+      c("calibrate::c", std::size_t(M * N));
+  Kokkos::deep_copy(a, T(0.5f));
+  Kokkos::deep_copy(b, T(0.25f));
+  return timed(comm, budget,
+               [&] { kernels::gemm<T>(false, false, int(M), int(N), int(K), 1, a, b, 0, c); });
+}
+
+struct GemmFit {
+  double peak = 0, half_dim = 0, overhead = 0, error = 0;
+  int shapes = 0;
+};
+
+// t = a F + b F / d + o with F = 2MNK: peak = 1/a, half dimension b/a, overhead o. Shapes
+// whose one call would take more than ~0.2 s at a first probe's rate are left out.
+template <class T>
+GemmFit fit_gemm(MPI_Comm comm, const std::vector<GemmShape>& shapes) {
+  const double probe = 2.0 * 512 * 512 * 512 / gemm_call_seconds<T>(comm, 0.05, {512, 512, 512});
+  std::vector<std::vector<double>> x;
+  std::vector<double> y;
+  for (const GemmShape& s : shapes) {
+    const auto [M, N, K] = s;
+    const double F = 2 * M * N * K;
+    if (F > 0.2 * probe || M * K + K * N + M * N > 6.4e7) continue;
+    y.push_back(gemm_call_seconds<T>(comm, 0.02, s));
+    x.push_back({F, F / std::min({M, N, K}), 1.0});
+  }
+  GemmFit g;
+  g.shapes = int(y.size());
+  std::vector<double> c = fit(x, y);
+  if (c.size() == 3 && (c[1] < 0 || c[2] < 0)) {  // no negative costs: fit without them
+    std::vector<std::vector<double>> x2;
+    for (auto& r : x) x2.push_back({r[0], r[1]});
+    c = fit(x2, y);
+    if (c.size() == 2 && c[1] < 0) c[1] = 0;
+    if (c.size() == 2) c.push_back(0);
+    g.error = c.size() == 3 ? fit_error(x, y, c) : 0;
+  } else if (c.size() == 3) {
+    g.error = fit_error(x, y, c);
+  }
+  if (c.size() != 3 || c[0] <= 0) return {probe, 0, 0, 0, g.shapes};  // the probe alone
+  g.peak = 1 / c[0], g.half_dim = c[1] / c[0], g.overhead = c[2];
+  return g;
+}
+
+// ---- attention, row kernels, optimizer -------------------------------------------------------
+
+template <class T>
+std::pair<double, double> attention_rates(MPI_Comm comm, const Config& config) {
+  using A = accumulate_t<T>;
+  const model::Dims d = model::dims_of(config);
+  const int B = int(config.train.micro_batch), S = int(d.S / config.parallel.cp),
+            NH = int(d.NH / config.parallel.tp), HS = int(d.HS);
+  const std::size_t rows = std::size_t(B) * std::size_t(S);
+  Kokkos::View<T*> qkv("calibrate::qkv", rows * 3 * std::size_t(NH * HS)),
+      out("calibrate::out", rows * std::size_t(NH * HS)),
+      dout("calibrate::dout", rows * std::size_t(NH * HS)),
+      dqkv("calibrate::dqkv", rows * 3 * std::size_t(NH * HS));
+  Kokkos::View<A*> lse("calibrate::lse", rows * std::size_t(NH));
+  Kokkos::deep_copy(qkv, T(0.01f));
+  Kokkos::deep_copy(dout, T(0.01f));
+  const double pairs = double(S) * (S + 1) / 2 * B * NH;
+  const double f =
+      timed(comm, 0.1, [&] { kernels::attention_forward<T>(out, lse, qkv, B, S, NH, HS); });
+  const double b = timed(
+      comm, 0.1, [&] { kernels::attention_backward<T>(dqkv, dout, out, lse, qkv, B, S, NH, HS); });
+  return {4 * HS * pairs / f, 8 * HS * pairs / b};
+}
+
+// Bytes per second of LayerNorm's forward and GELU's, by the cost model's byte counts.
+template <class T>
+double elementwise_rate(MPI_Comm comm, const Config& config) {
+  using A = accumulate_t<T>;
+  const model::Dims d = model::dims_of(config);
+  const int N = int(config.train.micro_batch * d.S), C = int(d.C);
+  const std::size_t n = std::size_t(N) * std::size_t(C), nf = std::size_t(N) * std::size_t(d.F);
+  Kokkos::View<T*> x("calibrate::x", n), y("calibrate::y", n), w("calibrate::w", std::size_t(C)),
+      bias("calibrate::bias", std::size_t(C)), h("calibrate::h", nf), g("calibrate::g", nf);
+  Kokkos::View<A*> mean("calibrate::mean", std::size_t(N)), rstd("calibrate::rstd", std::size_t(N));
+  Kokkos::deep_copy(x, T(0.5f));
+  Kokkos::deep_copy(h, T(0.5f));
+  Kokkos::deep_copy(w, T(1.0f));
+  const double ln =
+      timed(comm, 0.1, [&] { kernels::layernorm_forward<T>(y, mean, rstd, x, w, bias, N, C); });
+  const double gelu = timed(comm, 0.1, [&] { kernels::gelu_forward<T>(g, h, nf); });
+  const double bytes = (3.0 * double(n) + 2.0 * double(nf)) * double(sizeof(T));
+  return bytes / (ln + gelu);
+}
+
+template <class M, class G>
+double optimizer_rate(MPI_Comm comm, const Config& config) {
+  const std::size_t n = std::size_t(1) << 22;
+  Kokkos::View<M*> p("calibrate::p", n);
+  Kokkos::View<G*> grad("calibrate::grad", n);
+  Kokkos::deep_copy(p, M(0.5));
+  Kokkos::deep_copy(grad, G(0.001f));
+  auto opt = optim::make_optimizer<M>(config.train.optimizer, {{0, n, true}}, 0, n,
+                                      optim::hyper_from_config(config));
+  const double t = timed(comm, 0.1, [&] { opt->step(p, grad, 1e-4, 1.0); });
+  const double sw = double(sizeof(M)), gw = double(sizeof(G));
+  return double(n) * (config.train.optimizer == "adamw" ? gw + 6 * sw : gw + 2 * sw) / t;
+}
+
+// ---- communication ---------------------------------------------------------------------------
+
+struct CommFit {
+  bool measured = false;
+  std::array<double, 4> latency{}, bandwidth{};
+};
+
+// The four operations over `comm` (more than one rank) at 64 B .. 16 MiB, fitted.
+CommFit fit_comm(MPI_Comm raw) {
+  CommFit out;
+  auto comm = make_comm(raw, "calibrate");
+  const int n = comm->size();
+  if (n < 2) return out;
+  out.measured = true;
+  const std::size_t most = std::size_t(4) << 20;  // floats: 16 MiB
+  Kokkos::View<float*> a("calibrate::send", most), b("calibrate::recv", most);
+  for (int op = 0; op < 4; ++op) {
+    std::vector<std::vector<double>> x;
+    std::vector<double> y;
+    for (std::size_t count = 16; count <= most; count *= 8) {
+      const std::size_t per = std::max<std::size_t>(1, count / std::size_t(n));
+      double bytes = 0;
+      const double t = timed(raw, 0.02, [&] {
+        const double before = comm->stats().bytes;
+        switch (op) {
+          case 0:
+            comm->all_reduce_sum(a.data(), count).wait();
+            break;
+          case 1:
+            comm->all_gather(a.data(), b.data(), std::vector<int>(std::size_t(n), int(per))).wait();
+            break;
+          case 2:
+            comm->all_to_all(a.data(), b.data(), per).wait();
+            break;
+          default: {  // pairs 0-1, 2-3, ...: each sends and receives count floats
+            const int peer = comm->rank() ^ 1;
+            if (peer < n) {
+              auto r = comm->recv(b.data(), count, peer, 7);
+              comm->send(a.data(), count, peer, 7).wait();
+              r.wait();
+            }
+          }
+        }
+        bytes = comm->stats().bytes - before;
+      });
+      const double steps = op == 0 ? 2.0 * (n - 1) : op == 3 ? 1.0 : double(n - 1);
+      if (bytes <= 0) continue;
+      x.push_back({steps, bytes});
+      y.push_back(t);
+    }
+    std::vector<double> c = fit(x, y);
+    if (c.size() != 2 || c[1] <= 0) continue;  // keep the class's figure
+    out.latency[std::size_t(op)] = std::max(0.0, c[0]);
+    out.bandwidth[std::size_t(op)] = 1 / c[1];
+  }
+  return out;
+}
+
+// How much of an all-reduce started before a gemm runs behind it: (t_gemm + t_reduce -
+// t_both) / min(t_gemm, t_reduce), between 0 and 1, the two sized to take about as long.
+double overlap_share(MPI_Comm raw) {
+  auto comm = make_comm(raw, "calibrate");
+  if (comm->size() < 2) return -1;
+  std::size_t count = std::size_t(1) << 16;
+  Kokkos::View<float*> a("calibrate::overlap", std::size_t(1) << 22);
+  double t_reduce = 0;
+  for (;;) {  // a reduction of about 20 ms (or 16 MiB)
+    t_reduce = timed(raw, 0.05, [&] { comm->all_reduce_sum(a.data(), count).wait(); });
+    if (t_reduce > 0.02 || count >= a.extent(0)) break;
+    count = std::min(a.extent(0), count * 4);
+  }
+  int n = 64;
+  Kokkos::View<float*> x("calibrate::x", 2048 * 2048), y("calibrate::y", 2048 * 2048),
+      z("calibrate::z", 2048 * 2048);
+  auto gemm = [&] { kernels::gemm<float>(false, false, n, n, n, 1, x, y, 0, z); };
+  double t_gemm = 0;
+  for (;;) {  // a gemm of about as long
+    t_gemm = timed(raw, 0.05, gemm);
+    if (t_gemm > t_reduce || n >= 2048) break;
+    n = std::min(2048, n * 2);
+  }
+  const double t_both = timed(raw, 0.1, [&] {
+    Request r = comm->all_reduce_sum(a.data(), count);
+    gemm();
+    r.wait();
+  });
+  const double share = (t_gemm + t_reduce - t_both) / std::min(t_gemm, t_reduce);
+  return std::clamp(share, 0.0, 1.0);
+}
+
+// ---- the deck itself -------------------------------------------------------------------------
+
+// This rank's mean compute per step (forward, backward, optimizer; time blocked in
+// communication excluded) over `steps` real steps after a first, uncounted one.
+template <class P>
+std::array<double, 3> deck_phases(const Config& config, const Grid& grid, int steps) {
+  Trainer<P> trainer(config, grid);
+  for (int c = 0; c < trainer.chunks(); ++c)
+    trainer.data_parallel(c).init_weights(std::uint64_t(config.run.seed));
+  std::array<double, 3> sum{};
+  for (int s = 1; s <= steps + 1; ++s) {
+    const StepResult r = trainer.step(s);
+    if (s == 1) continue;
+    sum[0] += r.compute_forward, sum[1] += r.compute_backward, sum[2] += r.compute_optimizer;
+  }
+  for (double& x : sum) x /= steps;
+  return sum;
+}
+
+std::array<double, 3> measured_phases(const Config& config, const Grid& grid, int steps) {
+  const PrecisionPolicy policy = deck::precision_policy(config);
+  if (policy.compute == Precision::fp64) return deck_phases<Fp64>(config, grid, steps);
+  if (policy.compute == Precision::fp32) return deck_phases<Fp32>(config, grid, steps);
+  if (policy.grad == Precision::bf16) return deck_phases<Bf16Grads>(config, grid, steps);
+  return deck_phases<Bf16>(config, grid, steps);
+}
+
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+}  // namespace
+
+Config calibrate(const Config& config, const Grid& grid, int threads) {
+  MPI_Comm world = grid.cart();
+  const double t0 = wall_seconds();
+  Config out = config;
+  auto& mc = out.machine;
+  auto said = [&](const std::string& s) {
+    log::info(cat("calibrate: ", s, " (", fixed("%.0f", wall_seconds() - t0), " s)"));
+  };
+
+  const auto shapes = deck_gemm_shapes(config);
+  const GemmFit f32 = fit_gemm<float>(world, shapes);
+  said(cat("sgemm at ", f32.shapes, " of the deck's shapes: ", fixed("%.1f", f32.peak / 1e9),
+           " GFLOP/s large, half that at a smallest dimension of ", fixed("%.0f", f32.half_dim),
+           ", ", fixed("%.1f", f32.overhead * 1e6), " us a call; median fit error ",
+           fixed("%.1f%%", 100 * f32.error)));
+  const GemmFit b16 = fit_gemm<bf16>(world, shapes);
+  said(cat("bf16 gemm: ", fixed("%.1f", b16.peak / 1e9), " GFLOP/s large (fit error ",
+           fixed("%.1f%%", 100 * b16.error), ")"));
+  const GemmFit f64 = fit_gemm<double>(world, shapes);
+  said(cat("dgemm: ", fixed("%.1f", f64.peak / 1e9), " GFLOP/s large (fit error ",
+           fixed("%.1f%%", 100 * f64.error), ")"));
+  // The shape of the fit is the compute type's.
+  const PrecisionPolicy policy = deck::precision_policy(config);
+  const GemmFit& own = policy.compute == Precision::bf16   ? b16
+                       : policy.compute == Precision::fp64 ? f64
+                                                           : f32;
+  mc.gemm_gflops_fp32 = f32.peak / 1e9;
+  mc.gemm_gflops_bf16 = b16.peak / 1e9;
+  mc.gemm_gflops_fp64 = f64.peak / 1e9;
+  mc.gemm_half_dim = std::max(own.half_dim, 1e-3);
+  mc.gemm_overhead_us = std::max(own.overhead * 1e6, 1e-3);
+
+  std::pair<double, double> att;
+  double elem = 0, opt = 0;
+  if (policy.compute == Precision::bf16) {
+    att = attention_rates<bf16>(world, config);
+    elem = elementwise_rate<bf16>(world, config);
+    opt = policy.grad == Precision::bf16 ? optimizer_rate<float, bf16>(world, config)
+                                         : optimizer_rate<float, float>(world, config);
+  } else if (policy.compute == Precision::fp64) {
+    att = attention_rates<double>(world, config);
+    elem = elementwise_rate<double>(world, config);
+    opt = optimizer_rate<double, double>(world, config);
+  } else {
+    att = attention_rates<float>(world, config);
+    elem = elementwise_rate<float>(world, config);
+    opt = optimizer_rate<float, float>(world, config);
+  }
+  mc.attention_gflops = att.first / 1e9, mc.attention_backward_gflops = att.second / 1e9;
+  mc.elementwise_gbs = elem / 1e9, mc.optimizer_gbs = opt / 1e9;
+  said(cat("attention ", fixed("%.2f", mc.attention_gflops), " GFLOP/s forward, ",
+           fixed("%.2f", mc.attention_backward_gflops), " backward; row kernels ",
+           fixed("%.2f", mc.elementwise_gbs), " GB/s; optimizer ", fixed("%.2f", mc.optimizer_gbs),
+           " GB/s"));
+
+  // Every rate above was measured with all ranks computing at once. Where a node runs more
+  // rank threads than it has CPUs, they shared them: a rank alone runs faster by the
+  // oversubscription, and the cost model shares the cores among the ranks busy at a time.
+  {
+    const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+    const int demand = mpi::size(grid.node_comm()) * std::max(1, threads);
+    const double over = double(demand) / double(cpus);
+    const bool oversubscribed = mpi::max(world, over > 1 ? 1 : 0) > 0;
+    if (oversubscribed) {
+      const double scale =
+          double(mpi::max(world, std::int64_t(std::llround(1000 * std::max(1.0, over))))) / 1000;
+      mc.cores_per_node = std::max<std::int64_t>(1, cpus / std::max(1, threads));
+      for (double* rate :
+           {&mc.gemm_gflops_fp32, &mc.gemm_gflops_bf16, &mc.gemm_gflops_fp64, &mc.attention_gflops,
+            &mc.attention_backward_gflops, &mc.elementwise_gbs, &mc.optimizer_gbs})
+        *rate *= scale;
+      mc.gemm_overhead_us = std::max(mc.gemm_overhead_us / scale, 1e-3);
+      said(cat("a node runs ", demand, " rank thread(s) on ", cpus, " CPU(s): rates above are ",
+               fixed("%.2f", scale),
+               " times a rank's alone; cores_per_node = ", mc.cores_per_node));
+    }
+  }
+
+  // Inside a node: its ranks. Across nodes: one rank of each node (every local index at once).
+  const CommFit intra = fit_comm(grid.node_comm());
+  // The overlap inside a node when every node has two ranks or more, else across nodes: every
+  // rank takes part in the same measurement.
+  const int least_node = -int(mpi::max(world, -std::int64_t(mpi::size(grid.node_comm()))));
+  double overlap = least_node >= 2 ? overlap_share(grid.node_comm()) : -1;
+  MPI_Comm across = MPI_COMM_NULL;
+  MPI_Comm_split(world, mpi::rank(grid.node_comm()), grid.node(), &across);
+  const int nodes = int(mpi::max(world, std::int64_t(mpi::size(across))));
+  const CommFit inter = fit_comm(across);
+  if (least_node < 2 && nodes > 1) overlap = overlap_share(across);
+  MPI_Comm_free(&across);
+  // Every rank must write the same group: node 0's rank 0 speaks for them.
+  std::array<double, 16> figures{};
+  for (std::size_t i = 0; i < 4; ++i) {
+    figures[i] = intra.latency[i], figures[4 + i] = intra.bandwidth[i];
+    figures[8 + i] = inter.latency[i], figures[12 + i] = inter.bandwidth[i];
+  }
+  MPI_Bcast(figures.data(), 16, MPI_DOUBLE, 0, world);
+  MPI_Bcast(&overlap, 1, MPI_DOUBLE, 0, world);
+  if (overlap >= 0) mc.comm_overlap = std::max(overlap, 1e-3);
+  const bool intra_measured = mpi::max(world, intra.measured ? 1 : 0) > 0;
+  for (std::size_t i = 0; i < 4; ++i) {
+    mc.comm_intra_latency_us[i] = figures[i] * 1e6, mc.comm_intra_gbs[i] = figures[4 + i] / 1e9;
+    mc.comm_inter_latency_us[i] = figures[8 + i] * 1e6,
+    mc.comm_inter_gbs[i] = figures[12 + i] / 1e9;
+  }
+  said(cat("communication inside a node ",
+           intra_measured
+               ? cat("(", mpi::size(grid.node_comm()), " ranks): all-reduce ",
+                     fixed("%.1f", figures[0] * 1e6), " us a step, ",
+                     fixed("%.2f", figures[4] / 1e9), " GB/s; send/recv ",
+                     fixed("%.1f", figures[3] * 1e6), " us, ", fixed("%.2f", figures[7] / 1e9),
+                     " GB/s; ", fixed("%.0f%%", 100 * std::max(overlap, 0.0)),
+                     " of a reduction hides behind a gemm")
+               : std::string("not measured (one rank a node)"),
+           "; across nodes ",
+           nodes > 1 ? cat("(", nodes, " nodes): all-reduce ", fixed("%.1f", figures[8] * 1e6),
+                           " us a step, ", fixed("%.2f", figures[12] / 1e9), " GB/s")
+                     : std::string("not measured (one node)")));
+
+  // The deck's own steps against the model at these rates.
+  Config model_config = out;
+  model_config.machine.forward_factor = model_config.machine.backward_factor =
+      model_config.machine.optimizer_factor = 1;
+  const Machine m = machine_of(model_config);
+  const int steps = 3;
+  const std::array<double, 3> measured = measured_phases(config, grid, steps);
+  const int p = grid.coord(Axis::p);
+  const double mb = double(micro_batches_per_step(config));
+  // The model's compute of this rank's stage, slowed as the model slows it on shared cores.
+  const StepPrediction predicted = predict_step(model_config, grid.layout(), m);
+  const double share = predicted.share.at(std::size_t(p));
+  double modelled[3] = {0, 0, 0};
+  for (int c = 0; c < int(config.parallel.virtual_stages); ++c) {
+    const ChunkCompute k = chunk_compute(model_config, m, p, c);
+    modelled[0] += share * mb * k.forward, modelled[1] += share * mb * (k.backward + k.recompute);
+  }
+  // The update runs on every rank at once.
+  const double all_busy =
+      m.cores > 0 ? std::max(1.0, double(mpi::size(grid.node_comm())) / m.cores) : 1.0;
+  modelled[2] = all_busy * optimizer_seconds(model_config, m, p, grid.ranks_per_node());
+  double sums[6] = {measured[0], measured[1], measured[2], modelled[0], modelled[1], modelled[2]};
+  MPI_Allreduce(MPI_IN_PLACE, sums, 6, MPI_DOUBLE, MPI_SUM, world);
+  mc.forward_factor = sums[3] > 0 ? sums[0] / sums[3] : 1;
+  mc.backward_factor = sums[4] > 0 ? sums[1] / sums[4] : 1;
+  mc.optimizer_factor = sums[5] > 0 ? sums[2] / sums[5] : 1;
+  said(cat("the deck's ", steps, " steps: measured over modelled compute forward ",
+           fixed("%.2f", mc.forward_factor), ", backward ", fixed("%.2f", mc.backward_factor),
+           ", optimizer ", fixed("%.2f", mc.optimizer_factor)));
+
+  const std::string unmeasured =
+      cat(intra_measured ? "" : "; inside a node not measured (node class figures)",
+          nodes > 1 ? "" : "; across nodes not measured (node class figures)");
+  mc.name = mpi::broadcast(
+      world, 0,
+      cat("calibrated ", today(), " on ", host_name(), ", ", grid.world_size(), " rank(s), ",
+          grid.ranks_per_node(), " a node, deck ", config.deck_path, unmeasured));
+  // Rates not measured keep 0 (the node class's figure).
+  return out;
+}
+
+}  // namespace ptrain::parallel
