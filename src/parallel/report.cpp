@@ -300,6 +300,7 @@ void RunLog::step(const StepResult& r, const Validation& val, double elapsed) {
 
 std::string bench_report(double step_seconds, std::int64_t steps) {
   if (steps == 0) return "bench: run at least 2 steps for a kernel breakdown";
+  // Microseconds: the data region of a step is a millisecond or less.
   std::string r = cat("bench: time per step by kernel family (mean of ", steps,
                       " steps after the first, each region fenced)\n");
   double sum = 0;
@@ -307,9 +308,9 @@ std::string bench_report(double step_seconds, std::int64_t steps) {
     const double per = t / double(steps);
     sum += per;
     r += cat("  ", name, std::string(name.size() < 14 ? 14 - name.size() : 0, ' '),
-             fixed("%9.4f s", per), fixed("  %5.1f%%\n", 100 * per / step_seconds));
+             fixed("%11.6f s", per), fixed("  %5.1f%%\n", 100 * per / step_seconds));
   }
-  r += cat("  other         ", fixed("%9.4f s", step_seconds - sum),
+  r += cat("  other         ", fixed("%11.6f s", step_seconds - sum),
            fixed("  %5.1f%%", 100 * (step_seconds - sum) / step_seconds));
   return r;
 }
