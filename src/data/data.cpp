@@ -153,6 +153,12 @@ class MappedFile {
   const std::string& path() const { return path_; }
   std::int64_t size() const { return size_; }
   const unsigned char* data() const { return data_; }
+  // madvise over the pages holding bytes [lo, hi).
+  void advise(std::int64_t lo, std::int64_t hi, int advice) const {
+    const std::int64_t page = ::sysconf(_SC_PAGESIZE), first = lo / page * page;
+    if (data_ && hi > lo)
+      ::madvise(const_cast<unsigned char*>(data_) + first, std::size_t(hi - first), advice);
+  }
 
  private:
   std::string path_;
@@ -165,91 +171,63 @@ std::int32_t le_i32(const unsigned char* p) {
                       (std::uint32_t(p[2]) << 16) | (std::uint32_t(p[3]) << 24));
 }
 
-// Token t of an array of `code` tokens (little-endian, as every writer of these formats
-// stores them on the machines ptrain runs on), as a double: integers up to 2^53 exactly.
 template <class U>
 U load(const unsigned char* p) {
   U v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-double token_value(const unsigned char* p, int code) {
+
+// f(U()) for U the type of dtype `code` (data/indexed.hpp), little-endian as every writer of
+// these formats stores tokens on the machines ptrain runs on.
+template <class F>
+decltype(auto) with_dtype(int code, F&& f) {
   switch (code) {
     case indexed::kUint8:
-      return p[0];
+      return f(std::uint8_t());
     case indexed::kInt8:
-      return load<std::int8_t>(p);
+      return f(std::int8_t());
     case indexed::kInt16:
-      return load<std::int16_t>(p);
+      return f(std::int16_t());
     case indexed::kUint16:
-      return load<std::uint16_t>(p);
+      return f(std::uint16_t());
     case indexed::kInt32:
-      return load<std::int32_t>(p);
+      return f(std::int32_t());
     case indexed::kInt64:
-      return double(load<std::int64_t>(p));
+      return f(std::int64_t());
     case indexed::kFloat32:
-      return load<float>(p);
+      return f(float());
     default:
-      return load<double>(p);
+      return f(double());
   }
 }
 
-// The first of tokens [lo, hi) of `p` (dtype U) that is not an integer in [0, vocab), or -1.
+// Whether v is an integer in [0, vocab).
 template <class U>
-std::int64_t first_bad(const unsigned char* p, std::int64_t lo, std::int64_t hi,
-                       std::int64_t vocab) {
-  for (std::int64_t i = lo; i < hi; ++i) {
-    const U v = load<U>(p + i * std::int64_t(sizeof(U)));
-    bool ok;
-    if constexpr (std::is_floating_point_v<U>)
-      ok = v >= 0 && double(v) < double(vocab) && v == std::floor(v);
-    else if constexpr (std::is_signed_v<U>)
-      ok = v >= 0 && std::int64_t(v) < vocab;
-    else
-      ok = std::uint64_t(v) < std::uint64_t(vocab);
-    if (!ok) return i;
-  }
-  return -1;
+bool is_token(U v, std::int64_t vocab) {
+  if constexpr (std::is_floating_point_v<U>)
+    return v >= 0 && double(v) < double(vocab) && v == std::floor(v);
+  else
+    return std::int64_t(v) >= 0 && std::int64_t(v) < vocab;  // no type here exceeds int64
 }
+
+// Token i of `p` as a double (integers up to 2^53 exactly: for messages).
+double token_value(const unsigned char* p, int code, std::int64_t i) {
+  return with_dtype(code, [&](auto u) {
+    using U = decltype(u);
+    return double(load<U>(p + i * std::int64_t(sizeof(U))));
+  });
+}
+
+// The first of tokens [lo, hi) of `p` that is not an integer in [0, vocab), or -1.
 std::int64_t first_bad_token(const unsigned char* p, int code, std::int64_t lo, std::int64_t hi,
                              std::int64_t vocab) {
-  switch (code) {
-    case indexed::kUint8:
-      return first_bad<std::uint8_t>(p, lo, hi, vocab);
-    case indexed::kInt8:
-      return first_bad<std::int8_t>(p, lo, hi, vocab);
-    case indexed::kInt16:
-      return first_bad<std::int16_t>(p, lo, hi, vocab);
-    case indexed::kUint16:
-      return first_bad<std::uint16_t>(p, lo, hi, vocab);
-    case indexed::kInt32:
-      return first_bad<std::int32_t>(p, lo, hi, vocab);
-    case indexed::kInt64:
-      return first_bad<std::int64_t>(p, lo, hi, vocab);
-    case indexed::kFloat32:
-      return first_bad<float>(p, lo, hi, vocab);
-    default:
-      return first_bad<double>(p, lo, hi, vocab);
-  }
-}
-
-// Tokens [at, at+n) of `p` as int32; false when one is not in [0, vocab) (checked on open, so
-// only a file rewritten since can have one).
-template <class U>
-bool copy_tokens(const unsigned char* p, std::int64_t at, std::size_t n, std::int64_t vocab,
-                 std::int32_t* out) {
-  bool ok = true;
-  for (std::size_t t = 0; t < n; ++t) {
-    const U v = load<U>(p + (at + std::int64_t(t)) * std::int64_t(sizeof(U)));
-    bool in;
-    if constexpr (std::is_floating_point_v<U>)
-      in = v >= 0 && double(v) < double(vocab);
-    else
-      in = std::int64_t(v) >= 0 && std::int64_t(v) < vocab;
-    ok = ok && in;
-    out[t] = in ? std::int32_t(v) : 0;
-  }
-  return ok;
+  return with_dtype(code, [&](auto u) -> std::int64_t {
+    using U = decltype(u);
+    for (std::int64_t i = lo; i < hi; ++i)
+      if (!is_token(load<U>(p + i * std::int64_t(sizeof(U))), vocab)) return i;
+    return -1;
+  });
 }
 
 // One dataset of a file source: its tokens (a mapped array of one dtype), the training and
@@ -265,37 +243,21 @@ struct TokenFile {
   std::int64_t documents = -1;                // indexed only
 
   void read(std::int64_t at, std::size_t count, std::int64_t vocab, std::int32_t* out) const {
-    bool ok;
-    switch (code) {
-      case indexed::kUint8:
-        ok = copy_tokens<std::uint8_t>(tokens, at, count, vocab, out);
-        break;
-      case indexed::kInt8:
-        ok = copy_tokens<std::int8_t>(tokens, at, count, vocab, out);
-        break;
-      case indexed::kInt16:
-        ok = copy_tokens<std::int16_t>(tokens, at, count, vocab, out);
-        break;
-      case indexed::kUint16:
-        ok = copy_tokens<std::uint16_t>(tokens, at, count, vocab, out);
-        break;
-      case indexed::kInt32:
-        ok = copy_tokens<std::int32_t>(tokens, at, count, vocab, out);
-        break;
-      case indexed::kInt64:
-        ok = copy_tokens<std::int64_t>(tokens, at, count, vocab, out);
-        break;
-      case indexed::kFloat32:
-        ok = copy_tokens<float>(tokens, at, count, vocab, out);
-        break;
-      default:
-        ok = copy_tokens<double>(tokens, at, count, vocab, out);
-    }
+    const bool ok = with_dtype(code, [&](auto u) {
+      using U = decltype(u);
+      bool all = true;
+      for (std::size_t t = 0; t < count; ++t) {
+        const U v = load<U>(tokens + (at + std::int64_t(t)) * std::int64_t(sizeof(U)));
+        const bool in = is_token(v, vocab);  // checked on open: false only for a rewritten file
+        all = all && in;
+        out[t] = in ? std::int32_t(v) : 0;
+      }
+      return all;
+    });
     if (ok) return;
     const std::int64_t bad = first_bad_token(tokens, code, at, at + std::int64_t(count), vocab);
     char value[40];
-    std::snprintf(value, sizeof value, "%.17g",
-                  token_value(tokens + bad * indexed::dtype_bytes(code), code));
+    std::snprintf(value, sizeof value, "%.17g", token_value(tokens, code, bad));
     throw Error(cat("data: ", quoted(bin->path()), ": token ", value, " at position ", bad,
                     " is not an integer in [0, model%vocab = ", vocab,
                     ") (the file changed after it was opened)"));
@@ -448,7 +410,15 @@ class FileSource final : public TokenSource {
     std::vector<std::int64_t> bad;
     for (const TokenFile& f : files_) {
       const std::int64_t lo = f.n * r / R, hi = f.n * (r + 1) / R;
-      const std::int64_t at = first_bad_token(f.tokens, f.code, lo, hi, spec_.vocab);
+      // Nothing to check where every value of the dtype is a token (bytes, most u16 files).
+      const bool all = (f.code == indexed::kUint8 && spec_.vocab >= 256) ||
+                       (f.code == indexed::kUint16 && spec_.vocab >= 65536);
+      const std::int64_t bytes = indexed::dtype_bytes(f.code),
+                         offset = f.tokens - f.bin->data();  // the header of a u16 file
+      // The scan reads in order: read-ahead for it, then back to MADV_RANDOM for the windows.
+      if (!all) f.bin->advise(offset + lo * bytes, offset + hi * bytes, MADV_SEQUENTIAL);
+      const std::int64_t at = all ? -1 : first_bad_token(f.tokens, f.code, lo, hi, spec_.vocab);
+      if (!all) f.bin->advise(offset + lo * bytes, offset + hi * bytes, MADV_RANDOM);
       bad.push_back(at < 0 ? std::numeric_limits<std::int64_t>::min() : -at);  // max = first
     }
     mpi::max(comm, bad);
@@ -457,8 +427,7 @@ class FileSource final : public TokenSource {
       const TokenFile& f = files_[d];
       const std::int64_t at = -bad[d];
       char value[40];
-      std::snprintf(value, sizeof value, "%.17g",
-                    token_value(f.tokens + at * indexed::dtype_bytes(f.code), f.code));
+      std::snprintf(value, sizeof value, "%.17g", token_value(f.tokens, f.code, at));
       throw Error(cat("data: ", quoted(f.bin->path()), ": token ", value, " at position ", at,
                       " is not an integer in [0, model%vocab = ", spec_.vocab, ")"),
                   kExitInput);
@@ -503,6 +472,8 @@ std::unique_ptr<TokenSource> open_checked(const DataSpec& spec, MPI_Comm comm) {
     fail(cat("data%source = '", spec.source, "' needs data%path (the file to read)"));
   if (spec.weights.size() != spec.paths.size())
     fail(cat(spec.paths.size(), " data paths but ", spec.weights.size(), " weights"));
+  for (double w : spec.weights)
+    if (!(w > 0)) fail(cat("data%weights: every weight must be > 0, got ", w));
   return std::make_unique<FileSource>(spec, comm);
 }
 
