@@ -55,45 +55,25 @@ class Reader {
       }
       if (at_ >= s_.size()) fail("JSON: unterminated escape");
       const char e = s_[at_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out.push_back(e);
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u': {
-          std::uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00) {
-            if (at_ + 1 >= s_.size() || s_[at_] != '\\' || s_[at_ + 1] != 'u')
-              fail("JSON: lone high surrogate");
-            at_ += 2;
-            const std::uint32_t low = hex4();
-            if (low < 0xDC00 || low >= 0xE000) fail("JSON: high surrogate without a low one");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp < 0xE000) {
-            fail("JSON: lone low surrogate");
-          }
-          utf8(cp, out);
-          break;
-        }
-        default:
-          fail(cat("JSON: unknown escape \\", e));
+      // The one-character escapes, then \u.
+      static constexpr char kFrom[] = "\"\\/bfnrt", kTo[] = "\"\\/\b\f\n\r\t";
+      if (const char* k = std::char_traits<char>::find(kFrom, 8, e)) {
+        out.push_back(kTo[k - kFrom]);
+        continue;
       }
+      if (e != 'u') fail(cat("JSON: unknown escape \\", e));
+      std::uint32_t cp = hex4();
+      if (cp >= 0xD800 && cp < 0xDC00) {
+        if (at_ + 1 >= s_.size() || s_[at_] != '\\' || s_[at_ + 1] != 'u')
+          fail("JSON: lone high surrogate");
+        at_ += 2;
+        const std::uint32_t low = hex4();
+        if (low < 0xDC00 || low >= 0xE000) fail("JSON: high surrogate without a low one");
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+      } else if (cp >= 0xDC00 && cp < 0xE000) {
+        fail("JSON: lone low surrogate");
+      }
+      utf8(cp, out);
     }
   }
 
