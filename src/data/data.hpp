@@ -39,9 +39,9 @@
 //   random  the draw of earlier versions: sample (s, j) starts at a token offset drawn from
 //           (seed, s, j) in [0, n_train - seq_len), with replacement; validation sample i at an
 //           offset drawn from (seed, i).
-// Blends (several paths, with weights): sample g comes from the dataset whose realised count
-// is furthest below weight*g (Megatron's greedy blending, ties to the lower index, g counted
-// from 1), so every prefix of the stream holds each dataset within one sample of its share;
+// Blends (several paths, with weights): sample g (from 1) comes, among the datasets at least
+// 1/(2k-2) behind weight*g, from the one whose next sample is due first (next_dataset), so
+// every prefix of the stream holds each of the k datasets within one sample of its share;
 // each dataset then has its own epochs.
 #pragma once
 #include <mpi.h>
@@ -117,7 +117,7 @@ class TokenSource {
 // the data is the user's input), the same on every rank.
 std::unique_ptr<TokenSource> open_source(const DataSpec& spec, MPI_Comm comm = MPI_COMM_SELF);
 
-// Megatron's greedy blending: the dataset of the next sample after `at`.
+// The dataset of the next sample after `at` (Tijdeman's rule; data.cpp says why not Megatron's).
 int next_dataset(const std::vector<double>& weights, const Position& at);
 // The draws of the `count` samples of step `step` from `at`, which moves past them.
 std::vector<Draw> take(const TokenSource& source, Position& at, std::int64_t step,
