@@ -43,7 +43,9 @@ Batch batch_of(const Config& c, int B, std::int64_t step = 1) {
   Batch b;
   b.x.resize(std::size_t(B * c.model.seq_len));
   b.y.resize(b.x.size());
-  data::fetch(*src, data::Split::train, step, 0, B, b.x.data(), b.y.data());
+  data::Position at = data::position_after(*src, 0);
+  const auto draws = data::take(*src, at, step, B);
+  data::fetch(*src, data::Split::train, draws.data(), B, b.x.data(), b.y.data());
   return b;
 }
 

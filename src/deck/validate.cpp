@@ -234,8 +234,28 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   if (d.source == "bytes")
     ck.require(m.vocab >= 256,
                cat("data%source = 'bytes' needs model%vocab >= 256 (got ", m.vocab, ")"));
-  if (d.source == "bytes" || d.source == "u16")
-    ck.require(!d.path.empty(), cat("data%source = ", q(d.source), " needs a file in data%path"));
+  std::size_t blended = 0;
+  for (std::size_t i = 0; i < d.paths.size(); ++i) {
+    const bool path = !d.paths[i].empty(), weight = i < d.weights.size() && d.weights[i] > 0;
+    blended += path ? 1 : 0;
+    ck.require(path == weight, path ? cat("data%paths(", i + 1, ") = ", q(d.paths[i]),
+                                          " needs a weight > 0 in data%weights(", i + 1, ")")
+                                    : cat("data%weights(", i + 1, ") = ", d.weights[i],
+                                          " has no file in data%paths(", i + 1, ")"));
+  }
+  if (d.source == "synthetic") {
+    ck.require(blended == 0,
+               "data%paths is a blend of files: it needs data%source = 'bytes', "
+               "'u16' or 'indexed' (the synthetic source reads no file)");
+  } else {
+    ck.require(!d.path.empty() || blended > 0,
+               cat("data%source = ", q(d.source),
+                   " needs a file in data%path (or a blend in data%paths)"));
+    ck.require(d.path.empty() || blended == 0,
+               cat("data%path = ", q(d.path),
+                   " and data%paths both name data: give one file in data%path, or a blend in "
+                   "data%paths"));
+  }
 
   const auto& g = c.parallel.grad_dtype;
   if (g != "auto" && g != m.dtype && !(g == "fp32" && m.dtype == "bf16"))

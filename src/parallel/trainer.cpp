@@ -195,7 +195,7 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
                              choice(config, grid, true, true, config.model.n_expert > 0))),
       stats_(make_comm(grid.cart(), "stats")),
       stage_stats_(make_comm(grid.comm(GroupKind::pp), "stats")),
-      data_(data::open_source(data::spec_from_config(config))),
+      data_(data::open_source(data::spec_from_config(config), grid.cart())),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
   const int stages = coord.pp, v = coord.virtual_stages, mb = int(config.train.micro_batch);
@@ -247,6 +247,7 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len / coord.cp);
   inputs_.resize(n);
   targets_.resize(n);
+  position_ = data::position_after(*data_, 0);
   hosts_ = mpi::all_gather(grid.cart(), mpi::host_name());
   if (config.run.debug_slow_rank == grid.world_rank()) pipeline_->slow_down(9);
   plan_replica_checks();
@@ -269,10 +270,9 @@ std::pair<std::int64_t, std::int64_t> Trainer<P>::my_slice(std::int64_t n) const
 }
 
 template <class P>
-model::MicroBatch Trainer<P>::fetch(data::Split split, std::int64_t step, std::int64_t first,
-                                    int B) {
+model::MicroBatch Trainer<P>::fetch(data::Split split, const data::Draw* draws, int B) {
   profile::region("data", [&] {
-    data::fetch(*data_, split, step, first, B, inputs_.data(), targets_.data(), positions_);
+    data::fetch(*data_, split, draws, B, inputs_.data(), targets_.data(), positions_);
   });
   return model::MicroBatch{inputs_.data(), targets_.data(), B};
 }
@@ -389,12 +389,18 @@ StepResult Trainer<P>::step(std::int64_t s) {
   if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
     std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
   for (auto& ch : chunks_) ch.dp->begin_step();
+  // The whole global batch is drawn on every rank (a blend's choices depend on every sample
+  // before), so the position moves alike everywhere.
+  profile::region("data",
+                  [&] { draws_ = data::take(*data_, position_, s, config_.train.global_batch); });
+  for (int d = 0; d < data_->datasets() && data_->windows(d) > 0; ++d)
+    r.epochs.push_back(double(position_.per_dataset[std::size_t(d)]) / double(data_->windows(d)));
   const auto [first, count] = my_slice(config_.train.global_batch);
   MicroBatches mbs;
   mbs.count = int(count / mb);
   mbs.samples = [mb](int) { return int(mb); };
   mbs.fetch = [&, first = first](int i) {
-    return fetch(data::Split::train, s, first + i * mb, int(mb));
+    return fetch(data::Split::train, draws_.data() + first + i * mb, int(mb));
   };
   const double loss_sum = pipeline_->train(mbs, dloss);
   if (config_.run.debug_fail_rank == grid_.world_rank())
@@ -656,7 +662,7 @@ void Trainer<P>::skip_nonfinite(StepResult& r, double spike_median) {
 }
 
 template <class P>
-double Trainer<P>::evaluate() {
+Validation Trainer<P>::evaluate() {
   const std::int64_t S = config_.model.seq_len, mb = config_.train.micro_batch;
   const std::int64_t n =
       config_.data.val_samples > 0 ? config_.data.val_samples : config_.train.global_batch;
@@ -666,29 +672,43 @@ double Trainer<P>::evaluate() {
   const std::int64_t ranks = grid_.group_size(GroupKind::batch);
   const std::int64_t passes = ((n + ranks - 1) / ranks + mb - 1) / mb;
   const std::int64_t group = grid_.size(Axis::p);  // passes in flight through the pipeline
-  double loss_sum = 0;
-  for (std::int64_t k0 = 0; k0 < passes; k0 += group) {
-    // A stop signal (time limit) must not wait for a long validation: every rank agrees
-    // before each group of passes and leaves together.
-    if (signals::agreed_stop_signal(grid_.cart())) return std::nan("");
-    MicroBatches mbs;
-    mbs.count = int(std::min(group, passes - k0));
-    mbs.samples = [&, k0 = k0, count = count](int i) {
-      const std::int64_t j = (k0 + i) * mb;
-      return int(std::max<std::int64_t>(1, std::min(mb, count - j)));
-    };
-    mbs.fetch = [&, k0 = k0, first = first, count = count](int i) {
-      const std::int64_t j = (k0 + i) * mb;
-      return fetch(data::Split::val, 0, j < count ? first + j : first, mbs.samples(i));
-    };
-    const std::vector<double> losses = pipeline_->forward_only(mbs);
-    for (int i = 0; i < mbs.count; ++i)
-      if ((k0 + i) * mb < count) loss_sum += losses[std::size_t(i)];
+  const int datasets = data_->datasets();
+  std::vector<double> sums(std::size_t(datasets), 0.0);
+  std::vector<data::Draw> draws(static_cast<std::size_t>(mb));
+  for (int d = 0; d < datasets; ++d) {
+    for (std::int64_t k0 = 0; k0 < passes; k0 += group) {
+      // A stop signal (time limit) must not wait for a long validation: every rank agrees
+      // before each group of passes and leaves together.
+      if (signals::agreed_stop_signal(grid_.cart())) return {};
+      MicroBatches mbs;
+      mbs.count = int(std::min(group, passes - k0));
+      mbs.samples = [&, k0 = k0, count = count](int i) {
+        const std::int64_t j = (k0 + i) * mb;
+        return int(std::max<std::int64_t>(1, std::min(mb, count - j)));
+      };
+      mbs.fetch = [&, k0 = k0, first = first, count = count](int i) {
+        const std::int64_t j = (k0 + i) * mb;
+        const int B = mbs.samples(i);
+        for (int b = 0; b < B; ++b)
+          draws[std::size_t(b)] = {0, j < count ? first + j + b : first, d, 0};
+        return fetch(data::Split::val, draws.data(), B);
+      };
+      const std::vector<double> losses = pipeline_->forward_only(mbs);
+      for (int i = 0; i < mbs.count; ++i)
+        if ((k0 + i) * mb < count) sums[std::size_t(d)] += losses[std::size_t(i)];
+    }
   }
   pipeline_->take_compute_seconds();
-  double v = grid_.coord(Axis::t) == 0 ? loss_sum : 0.0;
-  stats_->all_reduce_sum_now(&v, 1);
-  return v / double(n * S);
+  if (grid_.coord(Axis::t) != 0) std::fill(sums.begin(), sums.end(), 0.0);
+  stats_->all_reduce_sum_now(sums.data(), datasets);
+  Validation v;
+  v.loss = 0;
+  for (int d = 0; d < datasets; ++d) {
+    v.datasets.push_back(sums[std::size_t(d)] / double(n * S));
+    v.loss += data_->spec().weights[std::size_t(d)] * v.datasets.back();
+  }
+  if (datasets == 1) v.loss = v.datasets[0];  // the same number, not rounded by the weighting
+  return v;
 }
 
 template class Trainer<Fp32>;
