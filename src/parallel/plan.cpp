@@ -296,14 +296,12 @@ void add_activations(MemoryEstimate& est, const Config& config, const model::Sha
   // the stage charges to activations (model/stage.cpp).
   const model::Recompute recompute = model::recompute_mode(config.train.recompute);
   for (const auto& ch : chunks) {  // each stage carves its slots and its own scratch
-    const auto act =
-        model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
-                                config.parallel.sequence_parallel && coord.tp > 1, recompute);
-    const double slots = double(needs.in_flight[std::size_t(ch.chunk)]);
+    const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
+                                             config.parallel.sequence_parallel && coord.tp > 1,
+                                             recompute, ch.has_embedding);
+    const model::SlotCounts slots(needs.in_flight[std::size_t(ch.chunk)]);
     est.bytes[idx(MemCategory::activations)] +=
-        double(act.kept(ch.n_layers)) * slots * b.w + double(act.recompute) * b.w +
-        double(act.kept_stats(ch.n_layers)) * slots * b.w_stat +
-        double(act.recompute_stats) * b.w_stat;
+        model::activation_bytes(act, ch.n_layers, slots, b.w, b.w_stat, b.wg);
     est.bytes[idx(MemCategory::workspace)] +=
         double(act.scratch) * b.w + double(act.scratch_grads) * b.wg;
   }
