@@ -25,9 +25,12 @@
 # PP_LAYERS_V2_4 (default 2,2,2,2,1,1,1,1: in model order, so each stage holds 3 blocks both
 # interleaved, chunk c of stage s being number c*pp+s+1, and in zb-v's V, stage s holding
 # numbers s+1 and 2*pp-s). The last stage (zb-v: the first) also carries the LM head (at vocab
-# 50304 about five blocks' worth of FLOPs), so an even split leaves the others waiting;
-# PP_LAYERS_<pp> (one chunk per rank) and PP_LAYERS_V2_<pp> (two) set parallel%pp_layers,
-# e.g. PP_LAYERS_2=9,3.
+# 50304 about five blocks' worth of FLOPs), so an even split leaves the others waiting, and
+# that imbalance, which no schedule removes, then dominates the measured bubble;
+# PP_LAYERS_<pp> (one chunk per rank), PP_LAYERS_V2_<pp> (interleaved) and PP_LAYERS_ZBV_<pp>
+# (zb-v; default PP_LAYERS_V2_<pp>) set parallel%pp_layers, in model order, e.g. for 124M
+# shapes at pp 2 PP_LAYERS_2=9,3 PP_LAYERS_V2_2=4,2,5,1 PP_LAYERS_ZBV_2=2,5,4,1 (9 blocks on
+# the stage without the head, 3 on the one with it).
 repeats=${3:-2}
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 N_LAYER=${N_LAYER:-12} D_MODEL=${D_MODEL:-768} N_HEAD=${N_HEAD:-12} VOCAB=${VOCAB:-50304}
@@ -69,9 +72,12 @@ schedule_options() {  # P SCHEDULE
   local p=$1 sched=$2 layers=""
   echo "--set parallel%pp_schedule='$sched'"
   case $sched in
-    interleaved | zb-v)
+    interleaved)
       echo "--set parallel%virtual_stages=2"
       layers=$(eval echo "\${PP_LAYERS_V2_$p:-}") ;;
+    zb-v)
+      echo "--set parallel%virtual_stages=2"
+      layers=$(eval echo "\${PP_LAYERS_ZBV_$p:-\${PP_LAYERS_V2_$p:-}}") ;;
     *) layers=$(eval echo "\${PP_LAYERS_$p:-}") ;;
   esac
   [ -z "$layers" ] || echo "--set parallel%pp_layers=$layers"
