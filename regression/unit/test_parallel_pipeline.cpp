@@ -129,3 +129,62 @@ TEST(Pipeline, ZeroBubbleVMatchesItsPlan) {
   EXPECT_NEAR(zb.loss, f1b.loss, 1e-13 * f1b.loss);
   EXPECT_NEAR(zb.norm, f1b.norm, 1e-12 * f1b.norm);
 }
+
+namespace {
+// Bytes this rank sent on `group` in step 2 of a trainer of `c`, and the plan's figure for
+// its shard.
+std::pair<double, double> step_bytes(const Config& c, GroupKind group) {
+  Grid grid(MPI_COMM_WORLD, GridShape::from_config(c), false);
+  parallel::Trainer<Fp64> trainer(c, grid);
+  for (int k = 0; k < trainer.chunks(); ++k) trainer.data_parallel(k).init_weights(7);
+  trainer.step(1);
+  const auto before = traffic_by_group();
+  trainer.step(2);
+  const double sent = traffic_since(before)[std::size_t(group)].stats.bytes;
+  double planned = -1;
+  const auto coord = parallel::plan_shard(c, grid.coord(Axis::t), grid.coord(Axis::p), 0);
+  for (const auto& e : parallel::estimate_comm(c, coord))
+    if (e.group == group) planned = e.bytes_per_step;
+  return {sent, planned};
+}
+
+Config split_config(const std::string& schedule, std::vector<std::string> extra) {
+  std::vector<std::string> o = {"model%n_layer=4",
+                                "model%d_model=16",
+                                "model%n_head=2",
+                                "model%vocab=29",
+                                "model%seq_len=8",
+                                "model%dtype='fp64'",
+                                "train%global_batch=8",
+                                "train%micro_batch=1",
+                                "parallel%pp=2",
+                                "run%steps=2",
+                                "parallel%pp_schedule='" + schedule + "'"};
+  if (schedule == "zb-v") o.push_back("parallel%virtual_stages=2");
+  o.insert(o.end(), extra.begin(), extra.end());
+  Config c = deck::parse_text("", "<test>", o);
+  deck::validate(c, 4);
+  return c;
+}
+}  // namespace
+
+// A split backward's W gathers the sequence-parallel rows of its output gradients again and
+// reruns a recomputation (its collectives, and under ZeRO 3 its parameters' gathers): the
+// plan counts them, to the byte.
+TEST(Pipeline, SplitBackwardTrafficIsPlanned) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  for (const std::string schedule : {"1f1b", "zb-h1", "zb-v"}) {
+    SCOPED_TRACE(schedule);
+    for (const std::string recompute : {"none", "selective", "full"}) {
+      SCOPED_TRACE(recompute);
+      const std::string r = "train%recompute='" + recompute + "'";
+      const auto tp = step_bytes(
+          split_config(schedule, {"parallel%tp=2", r, "parallel%sequence_parallel=.true."}),
+          GroupKind::tp);
+      EXPECT_DOUBLE_EQ(tp.first, tp.second);
+      const auto dp = step_bytes(split_config(schedule, {"parallel%dp=2", "parallel%zero=3", r}),
+                                 GroupKind::dense_grad);
+      EXPECT_DOUBLE_EQ(dp.first, dp.second);
+    }
+  }
+}

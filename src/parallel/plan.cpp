@@ -393,6 +393,10 @@ struct ShardFacts {
   std::int64_t layers = 0, moe_layers = 0;
   bool first = false, last = false;  // holds the embedding / the head
   double embedding_bytes = 0;        // of the embedding unit
+  // Split backwards (zero-bubble schedules) per step: blocks whose W ran apart from their B,
+  // and the bytes of those blocks' parameters (W gathers them again under ZeRO 3 when it
+  // reruns a recomputation).
+  double split_blocks = 0, split_block_bytes = 0;
 };
 
 ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, double w) {
@@ -407,6 +411,20 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
     for (const auto& u : model::units_of(ch))
       if (u.kind == model::Unit::embedding) f.embedding_bytes += double(u.hi - u.lo) * w;
   }
+  if (coord.pp > 1) {  // this rank's list: its Ws per chunk
+    const auto& par = config.parallel;
+    const OpList list =
+        make_rank_schedule(schedule_kind(par.pp_schedule), coord.pp,
+                           int(micro_batches_per_step(config)), int(par.virtual_stages), coord.p);
+    const auto chunks = model::build_layout(config, coord);
+    for (const Op& op : list) {
+      if (op.kind != OpKind::backward_weight) continue;
+      const auto& ch = chunks[std::size_t(op.chunk)];
+      f.split_blocks += double(ch.n_layers);
+      for (const auto& u : model::units_of(ch))
+        if (u.kind == model::Unit::block) f.split_block_bytes += double(u.hi - u.lo) * w;
+    }
+  }
   return f;
 }
 
@@ -420,11 +438,17 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
 // Hybrid sharding (parallel%zero_scope = 'node', shards over L ranks of a node, N = D/L
 // nodes): ZeRO 1 all-reduces over D and gathers inside the node; ZeRO 2/3 reduce-scatter and
 // gather inside the node and all-reduce the shard across the nodes once a step.
+// A split backward whose W reruns a recomputation gathers its blocks' parameters once more
+// (ZeRO 3): `regather` bytes a step.
 void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
                        const MemoryEstimate& mem, const ShardFacts& f, double m, double w,
                        double ww, int zero_shards) {
   const int zero = int(config.parallel.zero);
-  const double emb = f.embedding_bytes;       // compute type
+  const double emb = f.embedding_bytes;  // compute type
+  const double regather =
+      zero == 3 && model::recompute_mode(config.train.recompute) != model::Recompute::none
+          ? f.split_block_bytes
+          : 0.0;
   auto dp_volume = [&](double N, double D) {  // N elements
     const double G = N * ww, S = N * w;
     switch (zero) {
@@ -435,7 +459,7 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
       case 2:
         return m * ring(D) * G + ring(D) * S;
       default:
-        return m * ring(D) * G + ring(D) * (m * 2 * (S - emb) + emb);
+        return m * ring(D) * G + ring(D) * (m * 2 * (S - emb) + emb + regather);
     }
   };
   const char* dp_formula[] = {"2(D-1)/D*S all-reduce", "2(D-1)/D*S + (D-1)/D*S all-gather",
@@ -452,7 +476,8 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
       c.bytes_per_step = 2 * ring(D) * G + c.intra_only;
       c.formula = "2(D-1)/D*S all-reduce + (L-1)/L*S all-gather in the node";
     } else {
-      c.intra_only = m * ring(L) * G + ring(L) * (zero == 2 ? S : m * 2 * (S - emb) + emb);
+      c.intra_only =
+          m * ring(L) * G + ring(L) * (zero == 2 ? S : m * 2 * (S - emb) + emb + regather);
       c.inter_only = 2 * ring(nodes) * G / L;
       c.bytes_per_step = c.intra_only + c.inter_only;
       c.formula = zero == 2 ? "m*(L-1)/L*S reduce-scatter + (L-1)/L*S all-gather in the node, "
@@ -502,12 +527,19 @@ CommEstimate tensor_parallel(const Config& config, const StepFacts& s) {
   tp += s.m * double(s.f.moe_layers) * 2 * ring(T) * s.B * s.Tl * s.k * s.w;
   if (s.full()) tp += s.m * L * 2 * 2 * ring(T) * s.act;
   if (s.selective() && par.sequence_parallel) tp += s.m * L * 2 * ring(T) * s.act;
+  // A split backward's W: under SP each block gathers the rows of d(res2) and d(res3) again,
+  // and reruns a recomputation's collectives.
+  const double split = s.f.split_blocks;
+  if (par.sequence_parallel) tp += split * 2 * ring(T) * s.act;
+  if (s.full()) tp += split * 2 * 2 * ring(T) * s.act;
+  if (s.selective() && par.sequence_parallel) tp += split * 2 * ring(T) * s.act;
   return {GroupKind::tp, tp,
           cat("m*(4L+2)*2(T-1)/T*b*s*h + loss 3*b*s (+ SP: LayerNorm grads 2h each)",
               s.f.moe_layers > 0 ? " + MoE gate grads m*L_moe*2(T-1)/T*b*s*k" : "",
               s.full()                                 ? " + recompute: m*L*2*2(T-1)/T*b*s*h"
               : s.selective() && par.sequence_parallel ? " + recompute: m*L*2*(T-1)/T*b*s*h"
-                                                       : "")};
+                                                       : "",
+              split > 0 ? " + split backwards' W: again per block" : "")};
 }
 
 // Context parallel: every block's attention is a ring over cp (estimate_ring); a MoE layer's
@@ -521,7 +553,7 @@ CommEstimate context_parallel(const Config& config, const StepFacts& s) {
   const double L = double(s.f.layers), L_moe = double(s.f.moe_layers);
   const double moe = par.cp > 1 ? (C - 1) * s.B * s.Tl * s.k * 4.0 + 2 * ring(C) * E * 8.0 : 0.0;
   double cp = s.m * (L * r.per_layer() + L_moe * moe);
-  if (s.recompute != model::Recompute::none) cp += s.m * L * r.forward;
+  if (s.recompute != model::Recompute::none) cp += (s.m * L + s.f.split_blocks) * r.forward;
   if (s.full()) cp += s.m * L_moe * moe;
   return {GroupKind::cp, cp,
           cat("m*L*(3C-2)*2*b*(s/C)*h/T: (C-1) K/V fwd, (C-1) K/V + C dK/dV bwd",
