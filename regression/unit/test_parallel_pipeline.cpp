@@ -22,20 +22,26 @@ using ptrain::test::world_size;
 
 namespace {
 
-Config config_for(const std::string& schedule, int v) {
-  std::vector<std::string> o = {"model%n_layer=8",
-                                "model%d_model=16",
-                                "model%n_head=2",
-                                "model%vocab=29",
-                                "model%seq_len=8",
-                                "model%dtype='fp64'",
-                                "train%global_batch=8",
-                                "train%micro_batch=1",
-                                "parallel%pp=4",
-                                "parallel%dp=1",
-                                "run%steps=1",
-                                "parallel%pp_schedule='" + schedule + "'",
-                                "parallel%virtual_stages=" + std::to_string(v)};
+// The test's pipeline (p = 4, m = 8 micro-batches of one sample, 8 layers); `extra` adds keys
+// or replaces these.
+Config config_for(const std::string& schedule, int v,
+                  const std::map<std::string, std::string>& extra = {}) {
+  std::map<std::string, std::string> kv = {{"model%n_layer", "8"},
+                                           {"model%d_model", "16"},
+                                           {"model%n_head", "2"},
+                                           {"model%vocab", "29"},
+                                           {"model%seq_len", "8"},
+                                           {"model%dtype", "'fp64'"},
+                                           {"train%global_batch", "8"},
+                                           {"train%micro_batch", "1"},
+                                           {"parallel%pp", "4"},
+                                           {"parallel%dp", "1"},
+                                           {"run%steps", "1"},
+                                           {"parallel%pp_schedule", "'" + schedule + "'"},
+                                           {"parallel%virtual_stages", std::to_string(v)}};
+  for (const auto& [k, value] : extra) kv[k] = value;
+  std::vector<std::string> o;
+  for (const auto& [k, value] : kv) o.push_back(k + "=" + value);
   Config c = deck::parse_text("", "<test>", o);
   deck::validate(c, 4);
   return c;
@@ -148,23 +154,10 @@ std::pair<double, double> step_bytes(const Config& c, GroupKind group) {
   return {sent, planned};
 }
 
-Config split_config(const std::string& schedule, std::vector<std::string> extra) {
-  std::vector<std::string> o = {"model%n_layer=4",
-                                "model%d_model=16",
-                                "model%n_head=2",
-                                "model%vocab=29",
-                                "model%seq_len=8",
-                                "model%dtype='fp64'",
-                                "train%global_batch=8",
-                                "train%micro_batch=1",
-                                "parallel%pp=2",
-                                "run%steps=2",
-                                "parallel%pp_schedule='" + schedule + "'"};
-  if (schedule == "zb-v") o.push_back("parallel%virtual_stages=2");
-  o.insert(o.end(), extra.begin(), extra.end());
-  Config c = deck::parse_text("", "<test>", o);
-  deck::validate(c, 4);
-  return c;
+// p = 2 (4 layers) and a second axis of 2 for the split backward's traffic.
+Config split_config(const std::string& schedule, std::map<std::string, std::string> extra) {
+  extra.insert({{"model%n_layer", "4"}, {"parallel%pp", "2"}, {"run%steps", "2"}});
+  return config_for(schedule, schedule == "zb-v" ? 2 : 1, extra);
 }
 }  // namespace
 
@@ -177,13 +170,16 @@ TEST(Pipeline, SplitBackwardTrafficIsPlanned) {
     SCOPED_TRACE(schedule);
     for (const std::string recompute : {"none", "selective", "full"}) {
       SCOPED_TRACE(recompute);
-      const std::string r = "train%recompute='" + recompute + "'";
-      const auto tp = step_bytes(
-          split_config(schedule, {"parallel%tp=2", r, "parallel%sequence_parallel=.true."}),
-          GroupKind::tp);
+      const std::string r = "'" + recompute + "'";
+      const auto tp = step_bytes(split_config(schedule, {{"parallel%tp", "2"},
+                                                         {"train%recompute", r},
+                                                         {"parallel%sequence_parallel", ".true."}}),
+                                 GroupKind::tp);
       EXPECT_DOUBLE_EQ(tp.first, tp.second);
-      const auto dp = step_bytes(split_config(schedule, {"parallel%dp=2", "parallel%zero=3", r}),
-                                 GroupKind::dense_grad);
+      const auto dp = step_bytes(
+          split_config(schedule,
+                       {{"parallel%dp", "2"}, {"parallel%zero", "3"}, {"train%recompute", r}}),
+          GroupKind::dense_grad);
       EXPECT_DOUBLE_EQ(dp.first, dp.second);
     }
   }
