@@ -134,8 +134,10 @@ TEST(Schedule, OnePipelineRankHasNoMessages) {
 TEST(Schedule, GpipeAndOneFOneBPassWithTheirActivationCounts) {
   for (int P = 1; P <= 8; ++P)
     for (int m = 1; m <= 16; ++m) {
-      const ScheduleCheck g = check_schedule(make_schedule(kGpipe, P, m, 1), {P, m, 1});
-      const ScheduleCheck o = check_schedule(make_schedule(k1f1b, P, m, 1), {P, m, 1});
+      const ScheduleCheck g =
+          check_schedule(make_schedule(kGpipe, P, m, 1), {P, m, 1}, memory_bound(kGpipe, P, m, 1));
+      const ScheduleCheck o =
+          check_schedule(make_schedule(k1f1b, P, m, 1), {P, m, 1}, memory_bound(k1f1b, P, m, 1));
       ASSERT_EQ(g.error, "") << "gpipe P=" << P << " m=" << m;
       ASSERT_EQ(o.error, "") << "1f1b P=" << P << " m=" << m;
       ASSERT_EQ(g.in_flight.size(), std::size_t(P));
@@ -151,7 +153,8 @@ TEST(Schedule, InterleavedPasses) {
   for (int P = 1; P <= 8; ++P)
     for (int v = 2; v <= 4; ++v)
       for (int m = P; m <= 16; m += P) {
-        const ScheduleCheck c = check_schedule(make_schedule(kInterleaved, P, m, v), {P, m, v});
+        const ScheduleCheck c = check_schedule(make_schedule(kInterleaved, P, m, v), {P, m, v},
+                                               memory_bound(kInterleaved, P, m, v));
         ASSERT_EQ(c.error, "") << "P=" << P << " m=" << m << " v=" << v;
         ASSERT_EQ(c.in_flight.size(), std::size_t(P));
         for (int r = 0; r < P; ++r) {
