@@ -611,7 +611,19 @@ TEST(DeckValidate, CrossFieldErrors) {
        "train%global_batch/(micro_batch*dp*ep) = 6/2 = 3 micro-batches per step is not a multiple "
        "of it"},
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.virtual_stages = 2; },
-       "parallel%virtual_stages = 2 needs parallel%pp_schedule = 'interleaved' (got '1f1b')"},
+       "parallel%virtual_stages = 2 needs parallel%pp_schedule = 'interleaved' or 'zb-v' (got "
+       "'1f1b')"},
+      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_schedule = "zb-v"; },
+       "parallel%pp_schedule = 'zb-v' places two chunks per pipeline rank in a V: it needs "
+       "parallel%virtual_stages = 2 (got 1)"},
+      {2,
+       [](Config& c) {
+         c.parallel.pp = 2, c.parallel.pp_schedule = "zb-h1", c.model.n_expert = 4;
+         c.model.top_k = 2;
+       },
+       "parallel%pp_schedule = 'zb-h1' splits each block's backward into input and weight "
+       "gradients, which MoE blocks (model%n_expert = 4) do not do yet; use '1f1b' or "
+       "'interleaved'"},
       {1, [](Config& c) { c.parallel.virtual_stages = 2, c.parallel.pp_schedule = "interleaved"; },
        "parallel%virtual_stages = 2 needs parallel%pp > 1"},
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_schedule = "interleaved"; },

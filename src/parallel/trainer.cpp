@@ -30,6 +30,7 @@ model::ShardCoord shard_coord(const Config& config, const Grid& grid) {
   c.cp = grid.size(Axis::c);
   c.cp_zigzag = config.parallel.cp_layout == "zigzag";
   c.virtual_stages = int(config.parallel.virtual_stages);
+  c.v_shape = c.pp > 1 && v_shaped(schedule_kind(config.parallel.pp_schedule));
   return c;
 }
 
@@ -205,7 +206,9 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   const ScheduleKind kind =
       stages == 1 ? ScheduleKind::one_f_one_b : schedule_kind(config.parallel.pp_schedule);
   schedule_ = make_schedule(kind, stages, m, v);
-  const ScheduleCheck check = check_schedule(schedule_, stages, m, v);
+  pipeline_shape_ = pipeline_of(kind, stages, m, v);
+  const ScheduleCheck check =
+      check_schedule(schedule_, pipeline_shape_, memory_bound(kind, stages, m, v));
   PTRAIN_REQUIRE(check.error.empty(), "pipeline schedule: ", check.error);
 
   NodeScope node_scope;
@@ -224,8 +227,10 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
     Chunk ch;
     ch.dp = std::make_unique<DataParallel<P>>(config, *dense_grad_, layout, tp_.get(),
                                               expert_grad_.get(), node_scope);
-    // Activation slots: the most micro-batches this chunk has in flight in the schedule.
-    const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
+    // Activation slots, head slots and W records: the most micro-batches this chunk has in
+    // flight in the schedule.
+    const model::SlotCounts n = check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)];
+    const model::SlotCounts slots(std::max(1, n.acts), std::max(1, n.head), n.weight);
     ch.stage = std::make_unique<model::Stage<P>>(config, coord, ch.dp->layout(), mb, slots,
                                                  ch.dp->store(), tp_.get(), cp_.get(), ep_.get());
     ch.optimizer = optim::make_optimizer<M>(config.train.optimizer, decay_segments(*ch.dp), 0,
@@ -234,11 +239,14 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
     executed.push_back({ch.stage.get(), ch.dp.get()});
     chunks_.push_back(std::move(ch));
   }
-  pipeline_ = std::make_unique<PipelineExecutor<P>>(*pp_, std::move(executed),
-                                                    schedule_[std::size_t(coord.p)], mb);
+  pipeline_ = std::make_unique<PipelineExecutor<P>>(
+      *pp_, std::move(executed), schedule_[std::size_t(coord.p)], mb, coord.v_shape);
   // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
-  // groups with this tp rank (the grid's embed group) sum its gradient.
-  if (stages > 1 && grid.in_group(GroupKind::embed))
+  // groups with this tp rank (the grid's embed group) sum its gradient. In a V both ends are
+  // the first stage's two chunks: its dense-grad group sums both chunks' shards.
+  if (coord.v_shape && coord.p == 0)
+    ends_ = make_comm(grid.comm(GroupKind::dense_grad), "embed", choice(config, grid, false, true));
+  else if (!coord.v_shape && stages > 1 && grid.in_group(GroupKind::embed))
     ends_ = make_comm(grid.comm(GroupKind::embed), "embed", choice(config, grid, false, true));
   // This rank's positions of every sample (all of them without context parallelism).
   if (coord.cp > 1)
@@ -280,7 +288,9 @@ model::MicroBatch Trainer<P>::fetch(data::Split split, const data::Draw* draws, 
 template <class P>
 void Trainer<P>::finish_gradients() {
   for (auto& ch : chunks_) ch.dp->finish_gradients();
-  if (ends_)
+  if (ends_ && pipeline_shape_.v_shape)  // both ends here: chunk 0 (embedding), 1 (head)
+    chunks_[0].dp->sum_tied_embedding(*ends_, chunks_[1].dp.get());
+  else if (ends_)
     for (auto& ch : chunks_) ch.dp->sum_tied_embedding(*ends_);
 }
 
@@ -352,21 +362,25 @@ void Trainer<P>::moe_summary(StepResult& r) {
 // over the step time.
 template <class P>
 void Trainer<P>::measure_bubble(StepResult& r) {
-  const int stages = pp_->size(), v = chunks();
   const std::vector<double>& mine = pipeline_->compute_op_seconds();
-  const int computes = 2 * micro_batches_ * v;  // on every rank
-  PTRAIN_REQUIRE(int(mine.size()) == computes, "pipeline: ", mine.size(),
-                 " compute times this step, expected ", computes);
-  std::vector<double> all(std::size_t(stages) * std::size_t(computes));
-  stage_stats_
-      ->all_gather(mine.data(), all.data(), std::vector<int>(std::size_t(stages), computes),
-                   Space::host)
-      .wait();
+  // Each rank's computes: forwards, backwards, Bs and Ws of its list.
+  std::vector<int> computes;
+  for (const OpList& list : schedule_)
+    computes.push_back(int(
+        std::count_if(list.begin(), list.end(), [](const Op& op) { return is_compute(op.kind); })));
+  const int expected = computes[std::size_t(pp_->rank())];
+  PTRAIN_REQUIRE(int(mine.size()) == expected, "pipeline: ", mine.size(),
+                 " compute times this step, expected ", expected);
+  std::vector<double> all;
+  for (int n : computes) all.resize(all.size() + std::size_t(n));
+  stage_stats_->all_gather(mine.data(), all.data(), computes, Space::host).wait();
   std::vector<std::vector<double>> seconds;
-  for (int k = 0; k < stages; ++k)
-    seconds.emplace_back(all.begin() + std::ptrdiff_t(k) * computes,
-                         all.begin() + std::ptrdiff_t(k + 1) * computes);
-  const ScheduleTiming sim = simulate_schedule(schedule_, stages, micro_batches_, v, seconds);
+  std::ptrdiff_t at = 0;
+  for (int n : computes) {
+    seconds.emplace_back(all.begin() + at, all.begin() + at + n);
+    at += n;
+  }
+  const ScheduleTiming sim = simulate_schedule(schedule_, pipeline_shape_, seconds);
   // Waits before each rank's last compute, as the executor measures them (a rank that
   // finishes early spends the tail in the next collective).
   double waiting = 0;
@@ -545,7 +559,8 @@ void Trainer<P>::plan_replica_checks() {
   }
   group(grid_.comm(GroupKind::tp), "tp", "tp ranks" + sharded, zero3,
         [](const Spec& t) { return t.tp_replicated(); });
-  if (ends_)
+  // In a V both copies are on the first stage (check_replicas compares them there).
+  if (ends_ && !pipeline_shape_.v_shape)
     group(grid_.comm(GroupKind::embed), "embed",
           "wte and its tied copy on the last pipeline stage" + sharded, zero3,
           [](const Spec& t) { return t.name == "wte.weight"; });
@@ -581,6 +596,21 @@ void Trainer<P>::check_replicas(std::int64_t step) {
             if ((split && chunks_[c].dp->layout().tensors[i].expert) == experts)
               sums[c][i] = v[k++];
       }
+    }
+    // zb-v: wte and its tied copy are this rank's two chunks (whole copies: summed over their
+    // shards under ZeRO 3). No collective: nothing to keep in step.
+    if (ends_ && pipeline_shape_.v_shape) {
+      std::uint64_t wte[2] = {0, 0};
+      for (std::size_t c = 0; c < 2; ++c) {
+        const auto& tensors = chunks_[c].dp->layout().tensors;
+        for (std::size_t i = 0; i < tensors.size(); ++i)
+          if (tensors[i].name == "wte.weight") wte[c] = (copy_dense_ ? sums : held)[c][i];
+      }
+      if (wte[0] != wte[1])
+        error = cat("step ", step, ": replicas differ: wte.weight on rank ", grid_.world_rank(),
+                    " (host ", hosts_[std::size_t(grid_.world_rank())],
+                    ") differs from its tied copy on the same rank (the V's two ends)",
+                    ", found by run%consistency_every; no checkpoint was written from this state");
     }
     // Every group is compared on every member, so the collectives match whatever is found.
     for (Replicas& g : replicas_) {
@@ -641,7 +671,8 @@ void Trainer<P>::skip_nonfinite(StepResult& r, double spike_median) {
   for (std::size_t c = chunks_.size(); c-- > 0;) {
     const int i = chunks_[c].dp->first_nonfinite_grad();
     if (i < 0) continue;
-    const int global = int(c) * grid_.size(Axis::p) + grid_.coord(Axis::p);
+    const int global = model::global_chunk(grid_.size(Axis::p), pipeline_shape_.v_shape,
+                                           grid_.coord(Axis::p), int(c));
     key = (global << 20) + i;
     name = chunks_[c].dp->layout().tensors[std::size_t(i)].name;
   }

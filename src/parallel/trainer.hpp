@@ -144,7 +144,8 @@ class Trainer {
   const Config& config_;
   const Grid& grid_;
   // gradient reduction; the tp, pp, cp and ep groups; expert gradients (experts split over
-  // ep); the tied embedding's two ends (the grid's embed group). All from make_comm.
+  // ep); the tied embedding's two ends (the grid's embed group; with the V placement of zb-v
+  // both ends are the first stage's chunks: its dense-grad group). All from make_comm.
   std::unique_ptr<Comm> dense_grad_, tp_, pp_, cp_, ep_, expert_grad_, ends_;
   // The trainer's own reductions (loss, norm, expert statistics, validation, bubble, the
   // first non-finite gradient) over every rank, and the op times over the pipeline group:
@@ -156,7 +157,8 @@ class Trainer {
   std::unique_ptr<Comm> dense_grad_shards_, dense_grad_replicas_;
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
-  int micro_batches_ = 0;  // per step on this pipeline
+  Pipeline pipeline_shape_;  // what schedule_ is for
+  int micro_batches_ = 0;    // per step on this pipeline
   std::unique_ptr<PipelineExecutor<P>> pipeline_;
   std::unique_ptr<data::TokenSource> data_;
   data::Position position_;        // of the training stream, before the next step
