@@ -2,7 +2,7 @@
 # Data at scale through the driver, on Megatron indexed datasets written by an independent
 # writer (regression/lib/megatron_indexed.py), fp64:
 #  - epochs: 1 rank, dp 2 and pp 2 x cp 2 train on the same samples (losses to 1e-10; the log's
-#    epoch column alike);
+#    epoch column alike), and so do 1 rank and zb-v on pp 2 x cp 2;
 #  - a restart mid-epoch on another dp (dp 2 -> dp 4) continues the stream: the losses after it
 #    equal the uninterrupted run's (1e-10), and so does a restart from a checkpoint without the
 #    data's fields (as written before them), with a warning;
@@ -63,6 +63,16 @@ run p2c2 4 --set parallel%pp=2 --set parallel%cp=2
 same d2 one 1 4 5 8
 same d2 p2c2 1 4 5 8
 echo "data: 1 rank, dp 2 and pp 2 x cp 2 draw the same samples: loss at 8 $(col d2 8 loss), epoch $(col d2 8 epoch)"
+# zb-v on pp 2 x cp 2 (its ends, embedding and head, both on stage 0) and 1 rank, on 4 layers
+# for the V's 2 x 2 chunks.
+(
+  common=("${common[@]/model%n_layer=2/model%n_layer=4}")
+  run one4 1
+  run zbv 4 --set parallel%pp=2 --set parallel%cp=2 --set parallel%pp_schedule="'zb-v'" \
+    --set parallel%virtual_stages=2
+  same one4 zbv 1 4 5 8
+)
+echo "data: zb-v on pp 2 x cp 2 draws the same samples as 1 rank (4 layers): loss at 8 $(col zbv 8 loss)"
 
 # Mid-epoch restart on dp 4.
 ck="$tmp/d2/checkpoints/ckpt_00000004.h5"
