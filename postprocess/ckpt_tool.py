@@ -21,7 +21,7 @@ too (argparse); anything else (1, with a traceback) is a fault of the tool.
 The checksum (src/ckpt/weights.hpp): for a dataset x with global row-major indices i,
   sum_i mix64(mix64(i + 0x9e3779b97f4a7c15) ^ bits(x_i))   (mod 2^64)
 bits = the stored bit pattern zero-extended to 64 bits, mix64 = the splitmix64 finaliser.
-A scalar /state dataset is one element with i = 0.
+A scalar /state dataset is one element with i = 0; /state/dataset_samples is 1-d.
 """
 import argparse
 import os
@@ -39,6 +39,9 @@ BLOCK_TENSORS = ["ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias",
                  "attn.proj.weight", "attn.proj.bias", "ln_2.weight", "ln_2.bias",
                  "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"]
 STATE = ["step", "consumed_samples", "optimizer_t", "seed", "lr"]  # a checkpoint's /state
+# and, in checkpoints written since they were added, the data's fingerprint and the samples
+# drawn from each dataset (an array)
+DATA_STATE = ["data_fingerprint", "dataset_samples"]
 
 EXIT_INPUT = 2  # the user's file is wrong (ptrain's kExitInput)
 
@@ -144,7 +147,7 @@ def require_whole(f, path):
 def state_of(f):
     if "state" not in f:
         return {}
-    return {name: f["state"][name][()].item() for name in f["state"]}
+    return {name: f["state"][name][()].tolist() for name in f["state"]}
 
 
 def cmd_list(args):
@@ -165,7 +168,7 @@ def cmd_list(args):
                            "deck", "checksum_algorithm"):
                 row(key, value)
         state = state_of(f)
-        for name in ("step", "consumed_samples", "optimizer_t", "seed", "lr"):
+        for name in STATE + DATA_STATE:
             if name in state:
                 row("state." + name, state[name])
         tensors = [(p, d) for p, d in datasets(f) if not p.startswith("/state/")]

@@ -7,8 +7,10 @@ Also prints each rank's split of the traced interval.
   plot_schedule.py RUN [-o schedule.png] [--from T0] [--to T1] [--step K]
 
 When the trace has the pipeline executor's events (kind forward, name F<mb> or F<mb>.<chunk>;
-kind backward, B<mb>[.<chunk>]), each row is the rank's pipeline: one box per forward (light)
-and backward (darker), labelled with its name when it is wide enough, a shade per chunk;
+kind backward, B<mb>[.<chunk>]: a whole backward, or the input gradient of a zero-bubble
+schedule's split one; kind weight, W<mb>[.<chunk>]: its weight gradient), each row is the
+rank's pipeline: one box per forward (light), backward (darker) and weight gradient (darker,
+cross-hatched), labelled with its name when it is wide enough, a shade per chunk;
 time blocked on the pipeline group (comm:pp) hatched grey as "waiting"; other work outside
 the boxes (data, gradient reduction, optimizer) as a lower half bar, and communication that
 happens inside a box (tensor parallel) as a thin strip under it. Then it also prints, per
@@ -62,8 +64,8 @@ def read_trace(run):
 
 
 def is_op(e):
-    """A pipeline forward or backward box (the executor's events)."""
-    return e[2] in ("forward", "backward")
+    """A pipeline forward, backward or weight-gradient box (the executor's events)."""
+    return e[2] in ("forward", "backward", "weight")
 
 
 def chunk_of(name):
@@ -145,7 +147,9 @@ def draw_pipeline(ax, events, ranks, t0, t1):
     chunks = sorted({chunk_of(e[1]) for e in events if is_op(e)})
     text_per_s = 110 * 11.0 / (t1 - t0)  # pixels per second of the 12-inch figure's axis
     waits = {}
-    print(f"{'rank':>4} {'forwards':>9} {'backwards':>10} {'in F/B':>8} {'pp wait':>8}")
+    split = any(e[2] == "weight" for e in events)
+    print(f"{'rank':>4} {'forwards':>9} {'backwards':>10}" + (f" {'weights':>8}" if split else "") +
+          f" {'in ops':>8} {'pp wait':>8}")
     for r in ranks:
         mine = sorted((e for e in events if e[0] == r), key=lambda e: e[3])
         ops = [e for e in mine if is_op(e)]
@@ -172,7 +176,8 @@ def draw_pipeline(ax, events, ranks, t0, t1):
             light, dark = CHUNK_COLOURS[chunk_of(name) % len(CHUNK_COLOURS)]
             ax.broken_barh([(a, b - a)], (r - 0.4, 0.68),
                            facecolors=light if kind == "forward" else dark,
-                           edgecolors="black", linewidth=0.3)
+                           edgecolors="black", linewidth=0.3,
+                           hatch="xxx" if kind == "weight" else None)
             lo, hi = max(a, t0), min(b, t1)
             if hi > lo and (hi - lo) * text_per_s > 6.5 * len(name) + 2:
                 ax.text((lo + hi) / 2, r - 0.06, name, ha="center", va="center", fontsize=7,
@@ -181,8 +186,10 @@ def draw_pipeline(ax, events, ranks, t0, t1):
         busy = overlap([(e[3], e[4]) for e in ops], t0, t1) / (t1 - t0)
         n_f = sum(1 for e in ops if e[2] == "forward" and e[4] > t0 and e[3] < t1)
         n_b = sum(1 for e in ops if e[2] == "backward" and e[4] > t0 and e[3] < t1)
+        n_w = sum(1 for e in ops if e[2] == "weight" and e[4] > t0 and e[3] < t1)
         waits[r] = pp
-        print(f"{r:>4} {n_f:>9} {n_b:>10} {100 * busy:>7.1f}% {100 * pp:>7.1f}%")
+        print(f"{r:>4} {n_f:>9} {n_b:>10}" + (f" {n_w:>8}" if split else "") +
+              f" {100 * busy:>7.1f}% {100 * pp:>7.1f}%")
     worst = max(waits, key=waits.get)
     print(f"pp wait: largest {100 * waits[worst]:.1f}% (rank {worst}), mean "
           f"{100 * sum(waits.values()) / len(waits):.1f}% of {t1 - t0:.6f} s")
@@ -194,6 +201,10 @@ def draw_pipeline(ax, events, ranks, t0, t1):
         handles += [plt.Rectangle((0, 0), 1, 1, facecolor=light, edgecolor="black", linewidth=0.3),
                     plt.Rectangle((0, 0), 1, 1, facecolor=dark, edgecolor="black", linewidth=0.3)]
         labels += [f"forward{suffix}", f"backward{suffix}"]
+        if split:
+            handles.append(plt.Rectangle((0, 0), 1, 1, facecolor=dark, edgecolor="black",
+                                         linewidth=0.3, hatch="xxx"))
+            labels.append(f"weight gradient{suffix}")
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor=WAIT_COLOUR,
                                  hatch="////"))
     labels.append("waiting (comm:pp)")

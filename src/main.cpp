@@ -497,10 +497,13 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     const auto r = runlog.measure([&] { return trainer.step(s); });
     profile::enable(false);
     last_loss = r.loss;
-    double val = std::nan("");
+    parallel::Validation val;
     const bool eval_now =
         (config.run.eval_every > 0 && s % config.run.eval_every == 0) || s == config.run.steps;
-    if (eval_now && trainer.can_evaluate()) val = last_val = trainer.evaluate();
+    if (eval_now && trainer.can_evaluate()) {
+      val = trainer.evaluate();
+      last_val = val.loss;
+    }
     if (s > done + 1 || config.run.steps == done + 1) {  // the first step pays for first touch
       tokens += double(r.tokens);
       busy += r.t_step;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The memory model against the allocator (issue 15): a small GPT (d_model 128, 4 layers,
-# seq_len 128) trains 2 steps on eighteen grid / recompute / ZeRO / precision combinations of 1,
-# 2 and 4 ranks (two of them MoE with experts sharded over their own group, six in bf16);
+# seq_len 128) trains 2 steps on twenty grid / recompute / ZeRO / precision combinations of 1,
+# 2 and 4 ranks (two of them MoE with experts sharded over their own group, six in bf16, two
+# zero-bubble pipelines keeping W records);
 # the run's last log line gives rank 0's measured peak of every category with --plan's
 # prediction beside it. The table is printed; a category whose measured peak is over 1 MiB
 # must be within 5% of the prediction. Then: a run that will not fit stops before step 1 with
@@ -22,6 +23,8 @@ cases=(
   "2|dp2 zero3 full|--set parallel%zero=3 --set train%recompute='full'"
   "2|tp2 sp selective|--set parallel%tp=2 --set parallel%sequence_parallel=.true. --set train%recompute='selective'"
   "2|pp2 1f1b|--set parallel%pp=2"
+  "2|pp2 zb-h1 selective|--set parallel%pp=2 --set parallel%pp_schedule='zb-h1' --set train%recompute='selective'"
+  "2|pp2 zb-v full|--set parallel%pp=2 --set parallel%pp_schedule='zb-v' --set parallel%virtual_stages=2 --set train%recompute='full'"
   "2|cp2 full|--set parallel%cp=2 --set train%recompute='full'"
   "4|tp2 pp2 zero2 full|--set parallel%tp=2 --set parallel%pp=2 --set parallel%zero=2 --set train%recompute='full'"
   "4|moe ep2 dp2 zero1|--set model%n_expert=4 --set model%top_k=2 --set parallel%ep=2 --set parallel%dp=2 --set parallel%zero=1"

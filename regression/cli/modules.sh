@@ -34,6 +34,11 @@ for f in bin/ptrain share/ptrain/input/tiny.nml share/ptrain/jobscripts/train.sb
          share/ptrain/postprocess/plot_loss.py; do
   [ -e "$prefix/$f" ] || fail "install lacks $f"
 done
+# ptrain-tokenize beside ptrain (when the build has it: -DPTRAIN_TOKENIZER=ON, the default).
+if [ -x "$(dirname "$PTRAIN")/ptrain-tokenize" ]; then
+  "$prefix/bin/ptrain-tokenize" --help | grep -q "usage: ptrain-tokenize" ||
+    fail "install lacks a working bin/ptrain-tokenize"
+fi
 
 # In a clean environment: only Lmod's own setup, a private HOME (Lmod's cache).
 lmod() { env -i HOME="$tmp/home" PATH=/usr/bin:/bin LMOD_PKG="${lmod_init%/init/bash}" \

@@ -4,10 +4,13 @@
 #    checkpoint resumes at p 4 interleaved (v 2): the same losses as the uninterrupted
 #    one-rank run to 1e-10 (fp64);
 #  - the log line and log.csv report the measured bubble next to the theoretical one, and
-#    the measured one is within 20% of the schedule's at the measured op times;
+#    the measured one is within 20% of the schedule's at the measured op times (gpipe, 1f1b,
+#    and the zero-bubble zb-h1 and zb-v, whose W ops the simulation replays too);
+#  - --plan draws a zero-bubble schedule with its W boxes and states its bubble formula;
 #  - a deck whose micro-batches cannot be interleaved is refused before step 1 (exit 2);
 #  - a bit flipped in the LM head's tied copy of wte after the last step is caught before
-#    final.h5 is written (run%consistency_every), naming the rank, its host and the tensor.
+#    final.h5 is written (run%consistency_every), naming the rank, its host and the tensor;
+#    with zb-v's V both copies are on the first stage, and the check compares them there.
 source "$(dirname "$0")/lib/prologue.sh"
 source "$(dirname "$0")/lib/compare.sh"
 deck="$PTRAIN_SOURCE_DIR/input/tiny.nml"
@@ -45,8 +48,10 @@ theory=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "bubble_theory")
 # and a small vocabulary, so both are near the equal-stage figure (p-1)/(m+p-1), printed.
 # One core per stage: p 2 here; p 4 where the machine has 4 cores.
 bubble_check() {  # NP SCHEDULE
-  local np=$1 schedule=$2 name="bubble_$1_$2"
+  local np=$1 schedule=$2 name="bubble_$1_$2" v=1
+  [ "$schedule" = zb-v ] && v=2
   timeout 300 "$MPIEXEC" $MPIEXEC_PREFLAGS -np "$np" "$PTRAIN" "$deck" --set model%n_layer=$((2 * np)) \
+    --set parallel%virtual_stages=$v \
     --set model%d_model=256 --set model%n_head=4 --set model%vocab=64 --set model%seq_len=128 \
     --set train%global_batch=8 --set train%micro_batch=1 --set parallel%pp="$np" --set run%steps=8 \
     --set parallel%pp_schedule="'$schedule'" --set backend%blas_threads=1 --set run%eval_every=0 \
@@ -67,7 +72,7 @@ bubble_within() {  # NP SCHEDULE: up to three runs, for a machine that others sh
   for attempt in 1 2 3; do bubble_check "$@" && return 0; done
   fail "bubble at p $1, $2: three runs not within 20% of the schedule at the measured op times"
 }
-for schedule in gpipe 1f1b; do
+for schedule in gpipe 1f1b zb-h1 zb-v; do
   bubble_within 2 $schedule
   if [ "$(nproc)" -ge 4 ]; then bubble_within 4 $schedule; else echo "bubble at p 4: skipped ($(nproc) cores)"; fi
 done
@@ -85,4 +90,25 @@ stops_with flip "step 3: replicas differ: wte.weight on rank 3 (host $(uname -n)
   4 "$deck" --set parallel%pp=2 --set train%micro_batch=2 --set run%steps=3 --set run%eval_every=0 \
   --set checkpoint%save_final=.true. --set run%debug_flip_rank=3 --set run%debug_flip_step=3
 [ ! -e "$tmp/flip/final.h5" ] || fail "tied copy flipped: final.h5 written from the corrupted state"
+# zb-v: wte (chunk 0) and its tied copy (chunk 1) are both on rank 0; the copy flipped there
+# is found by comparing the two.
+stops_with flipv "step 3: replicas differ: wte.weight on rank 0 (host $(uname -n)) differs from its tied copy on the same rank (the V's two ends), found by run%consistency_every; no checkpoint was written from this state" \
+  2 "$deck" --set parallel%pp=2 --set parallel%pp_schedule="'zb-v'" --set parallel%virtual_stages=2 \
+  --set model%n_layer=4 --set train%micro_batch=2 --set run%steps=3 --set run%eval_every=0 \
+  --set checkpoint%save_final=.true. --set run%debug_flip_rank=0 --set run%debug_flip_step=3
+[ ! -e "$tmp/flipv/final.h5" ] || fail "zb-v tied copy flipped: final.h5 written from the corrupted state"
+
+# --plan: the zero-bubble pictures (rank 0 of zb-h1 runs whole backwards, the others B and a
+# later W) and their bubble formulas.
+"$PTRAIN" "$deck" --plan --world 4 --set parallel%pp=4 --set parallel%pp_schedule="'zb-h1'" \
+  --set model%n_layer=4 --set train%micro_batch=2 >"$tmp/zbh1.plan" 2>&1 || fail "zb-h1 --plan: $(tail -3 "$tmp/zbh1.plan")"
+grep -q "pipeline bubble: 11.1% ((p-1)/(3m+p-1), zb-h1)" "$tmp/zbh1.plan" || fail "zb-h1 bubble: $(grep bubble "$tmp/zbh1.plan")"
+grep -q "simulated bubble 11.1%" "$tmp/zbh1.plan" || fail "zb-h1 simulated bubble: $(grep simulated "$tmp/zbh1.plan")"
+grep -Eq "^  rank 0 \| F0 F1 F2 F3 .. .. .. B0 B0 F4 " "$tmp/zbh1.plan" || fail "zb-h1 rank 0: $(grep "rank 0 |" "$tmp/zbh1.plan")"
+grep -Eq "^  rank 3 \| .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 " "$tmp/zbh1.plan" || fail "zb-h1 rank 3: $(grep "rank 3 |" "$tmp/zbh1.plan")"
+"$PTRAIN" "$deck" --plan --world 2 --set parallel%pp=2 --set parallel%pp_schedule="'zb-v'" \
+  --set parallel%virtual_stages=2 --set model%n_layer=4 --set train%micro_batch=2 >"$tmp/zbv.plan" 2>&1 \
+  || fail "zb-v --plan: $(tail -3 "$tmp/zbv.plan")"
+grep -q "pipeline bubble: 2.0% ((p-1)/(6m+p-1), zb-v)" "$tmp/zbv.plan" || fail "zb-v bubble: $(grep bubble "$tmp/zbv.plan")"
+grep -q "W7.1" "$tmp/zbv.plan" || fail "zb-v picture: $(grep "rank 0 |" "$tmp/zbv.plan")"
 echo "pipeline: all checks passed"

@@ -2,7 +2,8 @@
 # run%trace: every rank writes its timeline, and postprocess/plot_schedule.py draws it. The
 # same tp 2 run's log.csv has tp columns, and the dense-grad ones scripts rely on. A pp 2
 # run's trace has the pipeline executor's forward/backward events and pp waits, and
-# plot_schedule.py draws one step of it and prints each rank's pp-wait fraction.
+# plot_schedule.py draws one step of it and prints each rank's pp-wait fraction; a zb-h1
+# run's has weight-gradient (W) events, drawn and counted apart.
 source "$(dirname "${BASH_SOURCE[0]}")/lib/prologue.sh"
 timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$PTRAIN_SOURCE_DIR/input/tiny.nml" \
   --set run%trace=.true. --set run%steps=3 --set train%micro_batch=4 --set parallel%tp=2 \
@@ -49,6 +50,18 @@ for r in 0 1; do
   grep -Eq "^ +$r +4 +4 +[0-9.]+% +[0-9.]+%$" "$tmp/ppplot.log" || fail "rank $r pp-wait row: $(cat "$tmp/ppplot.log")"
 done
 grep -Eq "^pp wait: largest [0-9.]+% \(rank [01]\)" "$tmp/ppplot.log" || fail "no largest pp wait: $(cat "$tmp/ppplot.log")"
+# zb-h1: rank 1 splits its backwards (B0.. as backward, W0.. as weight events), rank 0, the
+# first stage, runs whole ones.
+timeout 120 "$MPIEXEC" $MPIEXEC_PREFLAGS -np 2 "$PTRAIN" "$PTRAIN_SOURCE_DIR/input/tiny.nml" \
+  --set run%trace=.true. --set run%steps=3 --set train%micro_batch=4 --set parallel%pp=2 \
+  --set parallel%pp_schedule="'zb-h1'" --set run%out_dir="'$tmp/zb'" >"$tmp/zb.log" 2>&1 \
+  || fail "traced zb-h1 run: $(tail -3 "$tmp/zb.log")"
+[ "$(grep -c ",W0,weight," "$tmp/zb/trace/rank1.csv")" = 3 ] || fail "rank 1: not one W0 per step"
+grep -q ",weight," "$tmp/zb/trace/rank0.csv" && fail "rank 0 (the first stage) split a backward"
+/usr/bin/python3 "$PTRAIN_SOURCE_DIR/postprocess/plot_schedule.py" "$tmp/zb" -o "$tmp/zb.png" --step 2 \
+  >"$tmp/zbplot.log" 2>&1 || fail "plot_schedule.py zb-h1: $(cat "$tmp/zbplot.log")"
+grep -Eq "^ +0 +4 +4 +0 +[0-9.]+% +[0-9.]+%$" "$tmp/zbplot.log" || fail "zb-h1 rank 0 row: $(cat "$tmp/zbplot.log")"
+grep -Eq "^ +1 +4 +4 +4 +[0-9.]+% +[0-9.]+%$" "$tmp/zbplot.log" || fail "zb-h1 rank 1 row: $(cat "$tmp/zbplot.log")"
 if /usr/bin/python3 "$PTRAIN_SOURCE_DIR/postprocess/plot_schedule.py" "$tmp/pp" -o "$tmp/x.png" --step 4 \
   >"$tmp/x.log" 2>&1; then fail "--step 4 of a 3-step trace accepted"; fi
 grep -q "the trace has 3 training step(s)" "$tmp/x.log" || fail "--step 4 message: $(cat "$tmp/x.log")"

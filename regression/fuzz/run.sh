@@ -9,6 +9,9 @@
 #                   files use, and a few integer patterns. An input running over 20 s is a
 #                   finding (a hang). Inputs on which libhdf5 crashes by itself are skipped
 #                   (weights_fuzzer.cpp says why); the first 20 are kept in BUILD_DIR/hdf5_crashes/.
+#   index_fuzzer    Megatron index images (the data file's size, then the .idx) of every dtype,
+#                   written by the target itself (index_fuzzer --write-seeds DIR); the magic,
+#                   the dtype codes and a few integer patterns.
 # Exits non-zero on a finding and leaves the input that found it in BUILD_DIR/findings/.
 # Skips (exit 0) when clang++ is missing.
 set -euo pipefail
@@ -18,8 +21,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
 build=${3:-$src/build/fuzz}
 case "$target" in
-  deck_fuzzer | weights_fuzzer) ;;
-  *) echo "run.sh: unknown target '$target' (deck_fuzzer, weights_fuzzer)" >&2; exit 2 ;;
+  deck_fuzzer | weights_fuzzer | index_fuzzer) ;;
+  *) echo "run.sh: unknown target '$target' (deck_fuzzer, weights_fuzzer, index_fuzzer)" >&2; exit 2 ;;
 esac
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "SKIP: clang++ not found (Debian: apt-get install clang)"; exit 0
@@ -68,6 +71,14 @@ case "$target" in
         '"\xff\xff\xff\x7f"' '"\x00\x00\x00\x80"' '"\x01\x00\x00\x00"' '"\x10\x00\x00\x00"'
     } >"$dict"
     flags+=(-timeout=20)
+    ;;
+  index_fuzzer)
+    "$build/$target" --write-seeds "$corpus" >"$build/seeds.log" 2>&1 \
+      || { cat "$build/seeds.log"; exit 1; }
+    seeds="$(ls "$corpus" | wc -l) seed files"
+    printf '%s\n' '"MMIDIDX\x00\x00"' '"\x01\x00\x00\x00\x00\x00\x00\x00"' '"\x01"' '"\x02"' '"\x03"' \
+      '"\x04"' '"\x05"' '"\x06"' '"\x07"' '"\x08"' '"\x00\x00\x00\x00\x00\x00\x00\x00"' \
+      '"\xff\xff\xff\xff\xff\xff\xff\xff"' '"\xff\xff\xff\x7f"' '"\x00\x00\x00\x80"' >"$dict"
     ;;
 esac
 echo "fuzzing $target for ${seconds}s on $seeds"

@@ -265,11 +265,20 @@ ckpt::CheckpointState some_state(std::int64_t step) {
   s.optimizer_t = step - 3;
   s.seed = 0xfedcba9876543210ULL;  // above 2^63: stored as uint64
   s.lr = 3e-4 / 7;
+  // Even steps keep the data's fields; odd ones are written as before they existed (and must
+  // load as such).
+  if (step % 2 == 0) {
+    s.has_data = true;
+    s.data_fingerprint = 0x8000000000000001ULL * std::uint64_t(step);
+    s.dataset_samples = {s.consumed_samples - 3, 0, 3};
+  }
   return s;
 }
 bool same_state(const ckpt::CheckpointState& a, const ckpt::CheckpointState& b) {
   return a.step == b.step && a.consumed_samples == b.consumed_samples &&
-         a.optimizer_t == b.optimizer_t && a.seed == b.seed && a.lr == b.lr;
+         a.optimizer_t == b.optimizer_t && a.seed == b.seed && a.lr == b.lr &&
+         a.has_data == b.has_data && a.data_fingerprint == b.data_fingerprint &&
+         a.dataset_samples == b.dataset_samples;
 }
 
 const std::map<std::string, std::string> kAttrs = {{"deck", "&model\n  d_model = 16\n/\n"},
@@ -357,7 +366,9 @@ void reshard_round_trips(const Config& config, const std::vector<Decomp>& decomp
       EXPECT_EQ(report.attributes["grid"], w.label());
       EXPECT_EQ(report.attributes["format_version"], "2");
       // Every rank reads its owned ranges: at least the whole model once (3 kinds).
-      EXPECT_GE(report.bytes_read, saved.data_bytes - 40) << where;
+      const auto st = some_state(42);  // its values: 8 bytes each
+      const auto values = 5 + (st.has_data ? 1 + st.dataset_samples.size() : 0);
+      EXPECT_GE(report.bytes_read, saved.data_bytes - std::int64_t(8 * values)) << where;
     }
   }
 }
@@ -476,7 +487,10 @@ TEST(CkptRestart, FileHoldsGlobalTensorsMomentsStateAndAttributes) {
   scalar("/state/seed", H5T_NATIVE_UINT64, &seed);
   scalar("/state/lr", H5T_NATIVE_DOUBLE, &lr);
   H5Fclose(f);
-  EXPECT_TRUE(same_state(ckpt::CheckpointState{step, samples, t, seed, lr}, some_state(7)));
+  ckpt::CheckpointState read;
+  read.step = step, read.consumed_samples = samples, read.optimizer_t = t, read.seed = seed;
+  read.lr = lr;
+  EXPECT_TRUE(same_state(read, some_state(7)));
   EXPECT_EQ(ckpt::read_string_attribute(path, "format_version"), "2");
   EXPECT_EQ(ckpt::read_string_attribute(path, "deck"), kAttrs.at("deck"));
   EXPECT_EQ(ckpt::read_string_attribute(path, "grid"), g.label());
@@ -697,6 +711,18 @@ TEST(CkptRestart, RefusesBadFilesAlikeOnEveryRankWithoutTouchingBuffers) {
     EXPECT_NE(run_command(ckpt_tool() + " verify " + copy, &out), 0) << out;
     EXPECT_NE(out.find("/state/step"), std::string::npos) << out;
   }
+
+  // The data's fields (an even step keeps them): a 1-d array, checked as ckpt_tool checks it.
+  const std::string with_data = save<float>(dir.file("data"), config, g, 4).path;
+  if (world_rank() == 0 && have_python_tools()) {
+    std::string out;
+    EXPECT_EQ(run_command(ckpt_tool() + " verify " + with_data, &out), 0) << out;
+    EXPECT_EQ(run_command(ckpt_tool() + " list " + with_data, &out), 0) << out;
+    EXPECT_NE(out.find("state.dataset_samples   [130, 0, 3]"), std::string::npos) << out;
+  }
+  flip_bit(with_data, "/state/dataset_samples", 2, 8);
+  EXPECT_EQ(load(with_data, config),
+            with_data + ": /state/dataset_samples checksum mismatch: the data is corrupted");
 
   const std::string cut = saved("cut", config);
   if (world_rank() == 0) {

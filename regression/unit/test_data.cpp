@@ -81,15 +81,42 @@ std::vector<std::uint16_t> random_tokens(std::size_t n, std::uint64_t vocab, std
 }
 
 DataSpec spec(const std::string& source, const std::string& path, std::int64_t vocab,
-              std::int64_t seq_len, double val_fraction = 0.1, std::uint64_t seed = 1234) {
+              std::int64_t seq_len, double val_fraction = 0.1, std::uint64_t seed = 1234,
+              const std::string& order = "epochs") {
   DataSpec s;
   s.source = source;
-  s.path = path;
+  if (!path.empty()) s.paths = {path};
+  s.weights = {1.0};
+  s.order = order;
   s.vocab = vocab;
   s.seq_len = seq_len;
   s.seed = seed;
   s.val_fraction = val_fraction;
   return s;
+}
+
+constexpr std::int64_t kBatch = 64;  // the global batch of the tests' steps
+
+// The draws of training step `step`'s global batch, `batch` samples a step from the start.
+std::vector<Draw> step_draws(const TokenSource& src, std::int64_t step,
+                             std::int64_t batch = kBatch) {
+  Position at = position_after(src, step * batch);
+  return take(src, at, step, batch);
+}
+
+// Validation samples [0, count) of dataset d.
+std::vector<Draw> val_draws(std::int64_t count, int d = 0) {
+  std::vector<Draw> out;
+  for (std::int64_t i = 0; i < count; ++i) out.push_back(Draw{0, i, d, 0});
+  return out;
+}
+
+// Samples [first, first+count) of training step `step` or of the validation set, by fetch.
+void fetch_samples(const TokenSource& src, Split split, std::int64_t step, std::int64_t first,
+                   std::int64_t count, std::int32_t* in, std::int32_t* tg) {
+  const auto draws = split == Split::train ? step_draws(src, step, std::max(kBatch, first + count))
+                                           : val_draws(first + count);
+  fetch(src, split, draws.data() + first, count, in, tg);
 }
 
 // The full seq_len+1 token windows of samples [first, first+count), from fetch.
@@ -98,7 +125,7 @@ std::vector<std::vector<std::int32_t>> windows(const TokenSource& src, Split spl
                                                std::int64_t count) {
   const std::size_t T = std::size_t(src.spec().seq_len);
   std::vector<std::int32_t> in(std::size_t(count) * T), tg(std::size_t(count) * T);
-  fetch(src, split, step, first, count, in.data(), tg.data());
+  fetch_samples(src, split, step, first, count, in.data(), tg.data());
   std::vector<std::vector<std::int32_t>> out;
   for (std::size_t s = 0; s < std::size_t(count); ++s) {
     for (std::size_t t = 1; t < T; ++t)
@@ -127,7 +154,8 @@ std::vector<std::int64_t> occurrences(const std::vector<Tok>& tokens,
 void expect_open_error(const DataSpec& s, const std::vector<std::string>& needles) {
   try {
     auto src = open_source(s);
-    ADD_FAILURE() << "no error for source " << s.source << " path " << s.path;
+    ADD_FAILURE() << "no error for source " << s.source << " path "
+                  << (s.paths.empty() ? "" : s.paths[0]);
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -232,7 +260,7 @@ TEST(Data, RankSlicesReproduceTheGlobalBatch) {
     for (std::int64_t step : {0, 5}) {
       const std::int64_t first = G * r / R, count = G * (r + 1) / R - first;
       std::vector<std::int32_t> in(std::size_t(count * T)), tg(in.size());
-      fetch(*src, Split::train, step, first, count, in.data(), tg.data());
+      fetch_samples(*src, Split::train, step, first, count, in.data(), tg.data());
       std::vector<int> counts(static_cast<std::size_t>(R)), displs(counts.size());
       for (int q = 0; q < R; ++q) {
         displs[std::size_t(q)] = int(G * q / R * T);
@@ -245,7 +273,7 @@ TEST(Data, RankSlicesReproduceTheGlobalBatch) {
                   MPI_INT32_T, 0, MPI_COMM_WORLD);
       if (r == 0) {
         std::vector<std::int32_t> fin(gin.size()), ftg(gin.size());
-        fetch(*src, Split::train, step, 0, G, fin.data(), ftg.data());
+        fetch_samples(*src, Split::train, step, 0, G, fin.data(), ftg.data());
         EXPECT_EQ(gin, fin) << src->describe();
         EXPECT_EQ(gtg, ftg) << src->describe();
       }
@@ -272,27 +300,40 @@ TEST(Data, BytesSamplesAreFileWindowsInTheirRegion) {
   const auto bytes = random_bytes(5000, 11);
   file.write(bytes);
   const std::int64_t T = 32, n = 5000, n_val = 1000, n_train = n - n_val;  // val_fraction 0.2
-  auto src = open_source(spec("bytes", file.path(), 256, T, 0.2));
-  std::set<std::int64_t> train_at, val_at;
-  for (std::int64_t step = 0; step < 10; ++step) {
-    for (const auto& w : windows(*src, Split::train, step, 0, 10)) {
+  for (const char* order : {"epochs", "random"}) {
+    const bool epochs = std::string(order) == "epochs";
+    auto src = open_source(spec("bytes", file.path(), 256, T, 0.2, 1234, order));
+    EXPECT_EQ(src->windows(0), epochs ? (n_train - 1) / T : 0);
+    std::set<std::int64_t> train_at, val_at;
+    for (std::int64_t step = 0; step < 2; ++step) {
+      for (const auto& w : windows(*src, Split::train, step, 0, 50)) {
+        const auto at = occurrences(bytes, w);
+        ASSERT_EQ(at.size(), 1u);
+        EXPECT_LE(at[0] + T + 1, n_train) << "training sample reaches into the validation region";
+        if (epochs) {
+          EXPECT_EQ(at[0] % T, 0) << "epochs draw whole windows";
+        }
+        train_at.insert(at[0]);
+      }
+    }
+    for (const auto& w : windows(*src, Split::val, 0, 0, 100)) {
       const auto at = occurrences(bytes, w);
       ASSERT_EQ(at.size(), 1u);
-      EXPECT_LE(at[0] + T + 1, n_train) << "training sample reaches into the validation region";
-      train_at.insert(at[0]);
+      EXPECT_GE(at[0], n_train);
+      EXPECT_LE(at[0] + T + 1, n);
+      if (epochs) {
+        EXPECT_EQ((at[0] - n_train) % T, 0);
+      }
+      val_at.insert(at[0]);
     }
+    // 100 training samples are 100 distinct windows of the first epoch (124 of them); the
+    // validation region's 31 windows all come in 100 samples; random offsets spread too.
+    EXPECT_GE(train_at.size(), epochs ? 100u : 95u) << order;
+    EXPECT_GE(val_at.size(), epochs ? std::size_t((n_val - 1) / T) : 90u) << order;
+    EXPECT_NE(src->describe().find(file.path()), std::string::npos);
+    EXPECT_NE(src->describe().find(cat("order '", order, "'")), std::string::npos);
+    EXPECT_FALSE(src->entropy_floor().has_value());
   }
-  for (const auto& w : windows(*src, Split::val, 0, 0, 100)) {
-    const auto at = occurrences(bytes, w);
-    ASSERT_EQ(at.size(), 1u);
-    EXPECT_GE(at[0], n_train);
-    EXPECT_LE(at[0] + T + 1, n);
-    val_at.insert(at[0]);
-  }
-  EXPECT_GE(train_at.size(), 95u) << "offsets should be spread over the training region";
-  EXPECT_GE(val_at.size(), 90u);
-  EXPECT_NE(src->describe().find(file.path()), std::string::npos);
-  EXPECT_FALSE(src->entropy_floor().has_value());
 }
 
 TEST(Data, U16RoundTripWithTheLlmcHeader) {
@@ -323,8 +364,8 @@ TEST(Data, NoValidationRegionWhenValFractionIsZero) {
   auto src = open_source(spec("bytes", file.path(), 256, 16, 0.0));
   EXPECT_FALSE(src->has_val());
   std::vector<std::int32_t> in(16), tg(16);
-  EXPECT_THROW(fetch(*src, Split::val, 0, 0, 1, in.data(), tg.data()), Error);
-  EXPECT_NO_THROW(fetch(*src, Split::train, 0, 0, 1, in.data(), tg.data()));
+  EXPECT_THROW(fetch_samples(*src, Split::val, 0, 0, 1, in.data(), tg.data()), Error);
+  EXPECT_NO_THROW(fetch_samples(*src, Split::train, 0, 0, 1, in.data(), tg.data()));
 }
 
 TEST(Data, ErrorsNameTheFileAndTheProblem) {
@@ -377,16 +418,15 @@ TEST(Data, U16FileChangedAfterOpenIsRefusedAtFetch) {
   file.write(u16_image(tokens));
   std::vector<std::int32_t> in(64), tg(64);
   try {
-    fetch(*src, Split::train, 1, 0, 1, in.data(), tg.data());
+    fetch_samples(*src, Split::train, 1, 0, 1, in.data(), tg.data());
     ADD_FAILURE() << "no error for a token >= vocab";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token 777"), std::string::npos) << e.what();
   }
 }
 
-TEST(Data, U16TokenOutOfVocabIsFoundByTheStreamingScan) {
-  // The scan reads 2^20 tokens a chunk: put the first bad token at the last position of the
-  // first chunk and another in the second, so the chunk arithmetic is exercised.
+TEST(Data, U16TokenOutOfVocabIsFoundByTheScan) {
+  // The first of two bad tokens is named.
   TempFile file("oov.u16");
   std::vector<std::uint16_t> tokens(1100000);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::uint16_t(i % 500);
@@ -396,6 +436,208 @@ TEST(Data, U16TokenOutOfVocabIsFoundByTheStreamingScan) {
   expect_open_error(spec("u16", file.path(), 500, 64),
                     {file.path(), "token 777 at position 1048575", "vocab = 500"});
   EXPECT_NO_THROW(open_source(spec("u16", file.path(), 1000, 64)));
+}
+
+// ---------------------------------------------------------------- epochs and blends
+
+TEST(Rng, PermuteIsABijectionOfEverySize) {
+  for (std::uint64_t n : {1u, 2u, 3u, 5u, 16u, 17u, 1000u, 4097u}) {
+    std::vector<int> hits(n, 0);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t p = rng::permute(i, n, 7, 1, 2);
+      ASSERT_LT(p, n);
+      ++hits[p];
+    }
+    EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), std::ptrdiff_t(n)) << n;
+  }
+  // Another seed, stream or epoch is another permutation.
+  auto perm = [](std::uint64_t seed, std::uint64_t stream, std::uint64_t a) {
+    std::vector<std::uint64_t> v;
+    for (std::uint64_t i = 0; i < 1000; ++i) v.push_back(rng::permute(i, 1000, seed, stream, a));
+    return v;
+  };
+  const auto p = perm(7, 1, 2);
+  EXPECT_EQ(p, perm(7, 1, 2));
+  EXPECT_NE(p, perm(8, 1, 2));
+  EXPECT_NE(p, perm(7, 2, 2));
+  EXPECT_NE(p, perm(7, 1, 3));
+  // Large domains work in O(1) per index.
+  EXPECT_LT(rng::permute(123456789, std::uint64_t(1) << 40, 1, 2, 3), std::uint64_t(1) << 40);
+}
+
+// A u16 file whose token i is i: a sample's first token is its offset.
+struct CountingFile {
+  TempFile file{"count.u16"};
+  explicit CountingFile(std::size_t n) {
+    std::vector<std::uint16_t> tokens(n);
+    for (std::size_t i = 0; i < n; ++i) tokens[i] = std::uint16_t(i);
+    file.write(u16_image(tokens));
+  }
+};
+
+TEST(Data, EveryWindowOnceAnEpochInAnotherOrderEachEpoch) {
+  const std::int64_t n = 3000, T = 16, n_train = 2700, W = (n_train - 1) / T;  // 168 windows
+  CountingFile data{std::size_t(n)};
+  auto src = open_source(spec("u16", data.file.path(), 60000, T, 0.1));
+  ASSERT_EQ(src->windows(0), W);
+  // Three epochs in steps of 10 samples (W is not a multiple of 10).
+  Position at = position_after(*src, 0);
+  std::vector<std::int64_t> starts;
+  for (std::int64_t step = 1; std::int64_t(starts.size()) < 3 * W; ++step) {
+    const auto draws = take(*src, at, step, 10);
+    std::vector<std::int32_t> in(10 * T), tg(10 * T);
+    fetch(*src, Split::train, draws.data(), 10, in.data(), tg.data());
+    for (std::int64_t j = 0; j < 10; ++j) {
+      EXPECT_EQ(tg[std::size_t(j * T + T - 1)], in[std::size_t(j * T)] + T) << "contiguous";
+      starts.push_back(in[std::size_t(j * T)]);
+    }
+  }
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int> hits(std::size_t(W), 0);
+    for (std::int64_t k = e * W; k < (e + 1) * W; ++k) {
+      ASSERT_EQ(starts[std::size_t(k)] % T, 0);
+      ++hits[std::size_t(starts[std::size_t(k)] / T)];
+    }
+    EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), std::ptrdiff_t(W)) << "epoch " << e;
+  }
+  EXPECT_FALSE(std::equal(starts.begin(), starts.begin() + W, starts.begin() + W))
+      << "each epoch has its own order";
+  // The last window ends at the training region's end at most (its last token is shared).
+  EXPECT_LE(*std::max_element(starts.begin(), starts.end()) + T, n_train - 1);
+  char done[16];
+  std::snprintf(done, sizeof done, "%.0f", 100.0 * double(at.consumed % W) / double(W));
+  EXPECT_EQ(describe_position(*src, at), cat("epoch ", at.consumed / W + 1, " (", done, "% done)"));
+}
+
+// A restart resumes the stream from its position whatever the global batch, micro-batch or rank
+// count: the samples after it are those of the uninterrupted stream.
+TEST(Data, ThePositionAloneContinuesTheStream) {
+  Sources sources;
+  TempFile a("blend_a.bin"), b("blend_b.bin");
+  a.write(random_bytes(9000, 21));
+  b.write(random_bytes(4000, 22));
+  DataSpec blend = spec("bytes", a.path(), 256, 24);
+  blend.paths = {a.path(), b.path()};
+  blend.weights = {0.7, 0.3};
+  sources.all.push_back(open_source(blend));
+  for (const auto& src : sources.all) {
+    if (src->windows(0) == 0) continue;  // the synthetic source keys on (step, j)
+    Position at = position_after(*src, 0);
+    std::vector<Draw> whole;
+    for (std::int64_t step = 1; step <= 6; ++step)
+      for (const Draw& d : take(*src, at, step, 12)) whole.push_back(d);
+    // Stopped after 3 steps of 12, restarted with steps of 8 from the saved position.
+    Position saved = position_after(*src, 36);
+    std::vector<Draw> resumed;
+    for (std::int64_t step = 4; step <= 8; ++step)
+      for (const Draw& d : take(*src, saved, step, 8)) resumed.push_back(d);
+    const std::size_t T = std::size_t(src->spec().seq_len);
+    std::vector<std::int32_t> w1(36 * T), t1(w1.size()), w2(w1.size()), t2(w1.size());
+    fetch(*src, Split::train, whole.data() + 36, 36, w1.data(), t1.data());
+    fetch(*src, Split::train, resumed.data(), 36, w2.data(), t2.data());
+    EXPECT_EQ(w1, w2) << src->describe();
+    EXPECT_EQ(t1, t2) << src->describe();
+    EXPECT_EQ(saved.consumed, 76);
+    EXPECT_EQ(saved.per_dataset, position_after(*src, 76).per_dataset);
+  }
+}
+
+// Realised counts within one sample of weight*g at every prefix, for any weights.
+TEST(Data, BlendsKeepEveryPrefixWithinOneSampleOfTheWeights) {
+  TempFile file("blend.bin");
+  file.write(random_bytes(3000, 31));
+  for (int trial = 0; trial < 40; ++trial) {
+    const int k = 2 + trial % 7;
+    DataSpec s = spec("bytes", file.path(), 256, 16);
+    s.paths.assign(std::size_t(k), file.path());
+    s.weights.clear();
+    double sum = 0;
+    for (int i = 0; i < k; ++i) {
+      const double u = rng::uniform(5, 6, std::uint64_t(trial), std::uint64_t(i));
+      s.weights.push_back(u * u * u + 1e-3);
+      sum += s.weights.back();
+    }
+    for (double& w : s.weights) w /= sum;
+    auto src = open_source(s);
+    Position at = position_after(*src, 0);
+    std::vector<std::int64_t> next(std::size_t(k), 0);
+    double worst = 0;
+    for (std::int64_t step = 1; step <= 100; ++step) {
+      for (const Draw& d : take(*src, at, step, 30)) {
+        EXPECT_EQ(d.k, next[std::size_t(d.dataset)]++) << "a dataset's samples in order";
+      }
+      for (int i = 0; i < k; ++i)
+        worst = std::max(worst, std::abs(double(at.per_dataset[std::size_t(i)]) -
+                                         s.weights[std::size_t(i)] * double(at.consumed)));
+    }
+    // Every prefix, not only step ends: sample by sample.
+    Position one = position_after(*src, 0);
+    for (std::int64_t g = 0; g < 3000; ++g) {
+      take(*src, one, 0, 1);
+      for (int i = 0; i < k; ++i)
+        worst = std::max(worst, std::abs(double(one.per_dataset[std::size_t(i)]) -
+                                         s.weights[std::size_t(i)] * double(one.consumed)));
+    }
+    EXPECT_LT(worst, 1.0 - 1.0 / double(2 * k - 2) + 1e-9) << k << " datasets, trial " << trial;
+    EXPECT_EQ(one.per_dataset, position_after(*src, 3000).per_dataset);
+  }
+}
+
+TEST(Data, TheFingerprintChangesWithTheData) {
+  TempFile a("fp_a.bin"), b("fp_b.bin");
+  a.write(random_bytes(4000, 41));
+  auto changed = random_bytes(4000, 41);
+  changed[3999] ^= 1;  // the last byte
+  b.write(changed);
+  const std::uint64_t base = open_source(spec("bytes", a.path(), 256, 16))->fingerprint();
+  EXPECT_EQ(open_source(spec("bytes", a.path(), 256, 16))->fingerprint(), base);
+  EXPECT_EQ(open_source(spec("bytes", a.path(), 300, 16))->fingerprint(), base) << "not vocab";
+  EXPECT_NE(open_source(spec("bytes", b.path(), 256, 16))->fingerprint(), base);
+  EXPECT_NE(open_source(spec("bytes", a.path(), 256, 17))->fingerprint(), base);
+  EXPECT_NE(open_source(spec("bytes", a.path(), 256, 16, 0.2))->fingerprint(), base);
+  EXPECT_NE(open_source(spec("bytes", a.path(), 256, 16, 0.1, 1234, "random"))->fingerprint(),
+            base);
+  DataSpec blend = spec("bytes", a.path(), 256, 16);
+  blend.paths = {a.path(), a.path()};
+  blend.weights = {0.5, 0.5};
+  const std::uint64_t even = open_source(blend)->fingerprint();
+  blend.weights = {0.6, 0.4};
+  EXPECT_NE(open_source(blend)->fingerprint(), even);
+  EXPECT_NE(even, base);
+}
+
+// The ranks opening one file share the token scan and all report the bad token, wherever it is.
+TEST(Data, TheRanksShareTheTokenScanAndAgree) {
+  int pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string path = cat("/tmp/ptrain_test_data_", pid, "_shared.u16");
+  std::vector<std::uint16_t> tokens(5000, 7);
+  tokens[4990] = 900;  // in the last rank's share
+  if (world_rank() == 0) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    const auto image = u16_image(tokens);
+    f.write(reinterpret_cast<const char*>(image.data()), std::streamsize(image.size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    open_source(spec("u16", path, 500, 16), MPI_COMM_WORLD);
+    ADD_FAILURE() << "no error for token 900";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitInput);
+    EXPECT_NE(std::string(e.what()).find("token 900 at position 4990"), std::string::npos)
+        << e.what();
+  }
+  // A file missing on one rank only is every rank's error.
+  const std::string mine = world_rank() == 0 ? path : path + ".missing";
+  try {
+    open_source(spec("u16", mine, 1000, 16), MPI_COMM_WORLD);
+    EXPECT_EQ(world_size(), 1) << "rank 0 opened it, every other rank must fail with its peers";
+  } catch (const Error& e) {
+    EXPECT_GT(world_size(), 1);
+    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(path.c_str());
 }
 
 // ---------------------------------------------------------------- synthetic
@@ -462,13 +704,16 @@ TEST(Data, SpecFromConfig) {
   Config c;
   c.data.source = "bytes";
   c.data.path = "/x";
+  c.data.order = "epochs";
   c.data.val_fraction = 0.25;
   c.model.vocab = 300;
   c.model.seq_len = 7;
   c.run.seed = 99;
   const DataSpec s = spec_from_config(c);
   EXPECT_EQ(s.source, "bytes");
-  EXPECT_EQ(s.path, "/x");
+  EXPECT_EQ(s.paths, std::vector<std::string>{"/x"});
+  EXPECT_EQ(s.weights, std::vector<double>{1.0});
+  EXPECT_EQ(s.order, "epochs");
   EXPECT_EQ(s.vocab, 300);
   EXPECT_EQ(s.seq_len, 7);
   EXPECT_EQ(s.seed, 99u);

@@ -611,7 +611,19 @@ TEST(DeckValidate, CrossFieldErrors) {
        "train%global_batch/(micro_batch*dp*ep) = 6/2 = 3 micro-batches per step is not a multiple "
        "of it"},
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.virtual_stages = 2; },
-       "parallel%virtual_stages = 2 needs parallel%pp_schedule = 'interleaved' (got '1f1b')"},
+       "parallel%virtual_stages = 2 needs parallel%pp_schedule = 'interleaved' or 'zb-v' (got "
+       "'1f1b')"},
+      {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_schedule = "zb-v"; },
+       "parallel%pp_schedule = 'zb-v' places two chunks per pipeline rank in a V: it needs "
+       "parallel%virtual_stages = 2 (got 1)"},
+      {2,
+       [](Config& c) {
+         c.parallel.pp = 2, c.parallel.pp_schedule = "zb-h1", c.model.n_expert = 4;
+         c.model.top_k = 2;
+       },
+       "parallel%pp_schedule = 'zb-h1' splits each block's backward into input and weight "
+       "gradients, which MoE blocks (model%n_expert = 4) do not do yet; use '1f1b' or "
+       "'interleaved'"},
       {1, [](Config& c) { c.parallel.virtual_stages = 2, c.parallel.pp_schedule = "interleaved"; },
        "parallel%virtual_stages = 2 needs parallel%pp > 1"},
       {2, [](Config& c) { c.parallel.pp = 2, c.parallel.pp_schedule = "interleaved"; },
@@ -657,9 +669,23 @@ TEST(DeckValidate, CrossFieldErrors) {
       {1, [](Config& c) { c.data.source = "bytes", c.data.path = "x.txt", c.model.vocab = 100; },
        "data%source = 'bytes' needs model%vocab >= 256 (got 100)"},
       {1, [](Config& c) { c.data.source = "u16"; },
-       "data%source = 'u16' needs a file in data%path"},
+       "data%source = 'u16' needs a file in data%path (or a blend in data%paths)"},
       {1, [](Config& c) { c.data.source = "bytes"; },
-       "data%source = 'bytes' needs a file in data%path"},
+       "data%source = 'bytes' needs a file in data%path (or a blend in data%paths)"},
+      {1,
+       [](Config& c) {
+         c.data.source = "indexed", c.data.path = "a";
+         c.data.paths[0] = "b", c.data.weights[0] = 1;
+       },
+       "data%path = 'a' and data%paths both name data: give one file in data%path, or a blend "
+       "in data%paths"},
+      {1, [](Config& c) { c.data.source = "indexed", c.data.paths[1] = "b"; },
+       "data%paths(2) = 'b' needs a weight > 0 in data%weights(2)"},
+      {1, [](Config& c) { c.data.source = "indexed", c.data.weights[2] = 0.5; },
+       "data%weights(3) = 0.5 has no file in data%paths(3)"},
+      {1, [](Config& c) { c.data.paths[0] = "b", c.data.weights[0] = 1; },
+       "data%paths is a blend of files: it needs data%source = 'bytes', 'u16' or 'indexed' (the "
+       "synthetic source reads no file)"},
       {1, [](Config& c) { c.parallel.grad_dtype = "bf16"; },
        "parallel%grad_dtype = 'bf16' needs model%dtype = 'bf16' (got 'fp32'); leave it 'auto' for "
        "an fp32 model"},

@@ -103,7 +103,7 @@ RunRecord train(const Config& c, MPI_Comm comm, int ranks_per_node = 0) {
       run.intra_bytes.push_back(row_bytes(traffic, "dense-grad-intra"));
       run.inter_bytes.push_back(row_bytes(traffic, "dense-grad-inter"));
     }
-    run.val_loss = trainer.evaluate();
+    run.val_loss = trainer.evaluate().loss;
     // The masters this rank updates, at their flat places (NaN elsewhere: held by others).
     auto& dp = trainer.data_parallel();
     std::vector<double> local(std::size_t(dp.layout().numel), std::nan(""));

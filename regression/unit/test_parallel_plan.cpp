@@ -317,8 +317,8 @@ TEST(Plan, RecomputationRerunsForwardCollectivesAndShrinksActivations) {
     deck::validate(c, 1), deck::validate(none, 1);
     const auto a = model::activation_sizes(model::dims_of(c), {}, 2, 32, true, false,
                                            model::recompute_mode(mode));
-    EXPECT_DOUBLE_EQ(act(c, {}),
-                     4.0 * double(a.kept(2) + a.recompute + a.kept_stats(2) + a.recompute_stats));
+    EXPECT_DOUBLE_EQ(act(c, {}), 4.0 * double(a.kept(2) + a.head + a.recompute + a.kept_stats(2) +
+                                              a.head_stats + a.recompute_stats));
     EXPECT_NE(act(c, {}), act(none, {}));
     Config dense = small_moe({r, "model%n_expert=0"}), dense0 = small_moe({"model%n_expert=0"});
     deck::validate(dense, 1), deck::validate(dense0, 1);

@@ -278,10 +278,20 @@ constexpr StateField kStateFields[] = {{"step", ScalarType::i64},
                                        {"seed", ScalarType::u64},
                                        {"lr", ScalarType::f64}};
 
-// The state's fields as 64-bit patterns, in kStateFields order.
+// The data's fields, written after them (absent from older checkpoints).
+constexpr StateField kFingerprintField = {"data_fingerprint", ScalarType::u64};
+constexpr StateField kDatasetSamplesField = {"dataset_samples", ScalarType::i64};
+
+// The state's fields as 64-bit patterns, in kStateFields order, then (has_data) the
+// fingerprint and the per-dataset counts.
 std::vector<std::uint64_t> state_bits(const CheckpointState& s) {
-  return {bits_of(s.step), bits_of(s.consumed_samples), bits_of(s.optimizer_t), bits_of(s.seed),
-          bits_of(s.lr)};
+  std::vector<std::uint64_t> b = {bits_of(s.step), bits_of(s.consumed_samples),
+                                  bits_of(s.optimizer_t), bits_of(s.seed), bits_of(s.lr)};
+  if (s.has_data) {
+    b.push_back(s.data_fingerprint);
+    for (std::int64_t n : s.dataset_samples) b.push_back(bits_of(n));
+  }
+  return b;
 }
 CheckpointState state_from_bits(const std::vector<std::uint64_t>& b) {
   CheckpointState s;
@@ -290,6 +300,10 @@ CheckpointState state_from_bits(const std::vector<std::uint64_t>& b) {
   std::memcpy(&s.optimizer_t, &b[2], 8);
   std::memcpy(&s.seed, &b[3], 8);
   std::memcpy(&s.lr, &b[4], 8);
+  s.has_data = b.size() > std::size(kStateFields);
+  if (s.has_data) s.data_fingerprint = b[std::size(kStateFields)];
+  for (std::size_t i = std::size(kStateFields) + 1; i < b.size(); ++i)
+    s.dataset_samples.push_back(std::int64_t(b[i]));
   return s;
 }
 
@@ -312,7 +326,9 @@ std::string read_state(const std::string& path) {
     if (H5Lexists(file.get(), "state", H5P_DEFAULT) <= 0)
       throw Error(cat(path, ": no group /state (not a ptrain checkpoint)"));
     std::vector<std::uint64_t> bits;
-    for (const auto& f : kStateFields) {
+    // A scalar (array: a 1-d dataset of at least one element) of the field's type, its values'
+    // bits appended to `bits`.
+    auto read_field = [&](const StateField& f, bool array) {
       const std::string what = cat(path, ": /state/", f.name);
       const std::string link = cat("state/", f.name);
       if (H5Lexists(file.get(), link.c_str(), H5P_DEFAULT) <= 0)
@@ -322,23 +338,39 @@ std::string read_state(const std::string& path) {
       auto type = h5::type(H5Dget_type(dset.get()), what);
       const H5T_class_t cls = H5Tget_class(type.get());
       const bool right_class = f.type == ScalarType::f64 ? cls == H5T_FLOAT : cls == H5T_INTEGER;
-      if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR || !right_class ||
-          H5Tget_size(type.get()) != 8)
-        throw Error(cat(what, " is not a scalar ",
-                        f.type == ScalarType::f64 ? "float64" : "64-bit integer"));
-      std::uint64_t b = 0;  // read in the field's own type: its bit pattern is what is hashed
-      h5::check(H5Dread(dset.get(), native_of(f.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, &b),
+      const H5S_class_t shape = H5Sget_simple_extent_type(space.get());
+      hsize_t n = 1;
+      const bool right_shape =
+          array ? shape == H5S_SIMPLE && H5Sget_simple_extent_ndims(space.get()) == 1 &&
+                      H5Sget_simple_extent_dims(space.get(), &n, nullptr) == 1 && n >= 1 &&
+                      n <= (1u << 20)
+                : shape == H5S_SCALAR;
+      if (!right_shape || !right_class || H5Tget_size(type.get()) != 8)
+        throw Error(cat(what, " is not ", array ? "a 1-d array of" : "a scalar",
+                        f.type == ScalarType::f64 ? " float64" : " 64-bit integer",
+                        array ? "s" : ""));
+      // Read in the field's own type: its bit pattern is what is hashed.
+      std::vector<std::uint64_t> b(n);
+      h5::check(H5Dread(dset.get(), native_of(f.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, b.data()),
                 what + ": read");
       if (H5Aexists(dset.get(), "checksum") <= 0)
         throw Error(cat(what, " has no checksum attribute (not written by ptrain)"));
-      std::uint64_t stored = 0;
+      std::uint64_t stored = 0, sum = 0;
       auto attr = h5::attribute(H5Aopen(dset.get(), "checksum", H5P_DEFAULT), what);
       h5::check(H5Aread(attr.get(), H5T_NATIVE_UINT64, &stored), what + ": checksum");
-      if (element_hash(0, b) != stored)
-        throw Error(cat(what, " checksum mismatch: the data is corrupted"));
-      bits.push_back(b);
+      for (std::size_t i = 0; i < b.size(); ++i) sum += element_hash(std::int64_t(i), b[i]);
+      if (sum != stored) throw Error(cat(what, " checksum mismatch: the data is corrupted"));
+      bits.insert(bits.end(), b.begin(), b.end());
+    };
+    for (const auto& f : kStateFields) read_field(f, false);
+    // The data's fields come as a pair (or not at all, in an older checkpoint).
+    const bool fingerprint = H5Lexists(file.get(), "state/data_fingerprint", H5P_DEFAULT) > 0;
+    if (fingerprint || H5Lexists(file.get(), "state/dataset_samples", H5P_DEFAULT) > 0) {
+      read_field(kFingerprintField, false);
+      read_field(kDatasetSamplesField, true);
     }
     out.str("");
+    out.u64(bits.size());
     for (auto b : bits) out.u64(b);
   } catch (const std::exception& e) {
     out = Packer();
@@ -355,8 +387,8 @@ CheckpointState shared_state(MPI_Comm comm, const std::string& path) {
   Unpacker in(bytes.data(), bytes.size());
   const std::string error = in.str();
   if (!error.empty()) throw Error(error);
-  std::vector<std::uint64_t> bits;
-  for (std::size_t i = 0; i < std::size(kStateFields); ++i) bits.push_back(in.u64());
+  std::vector<std::uint64_t> bits(in.u64());
+  for (auto& b : bits) b = in.u64();
   return state_from_bits(bits);
 }
 
@@ -527,22 +559,27 @@ SavePlan plan_save(MPI_Comm comm, const std::vector<ChunkLayout>& chunks,
   return s;
 }
 
-// A scalar written by rank 0 in a collective call (the others select nothing).
-void write_scalar(MPI_Comm comm, hid_t group, const StateField& f, std::uint64_t bits, hid_t dxpl,
-                  const std::string& what) {
+// A scalar (array: a 1-d dataset of bits.size() elements) written by rank 0 in a collective
+// call (the others select nothing).
+void write_field(MPI_Comm comm, hid_t group, const StateField& f,
+                 const std::vector<std::uint64_t>& bits, bool array, hid_t dxpl,
+                 const std::string& what) {
   h5::Handle dset;
+  const Shape shape = array ? Shape{std::int64_t(bits.size())} : Shape{};
+  std::uint64_t checksum = 0;
+  for (std::size_t i = 0; i < bits.size(); ++i) checksum += element_hash(std::int64_t(i), bits[i]);
   collective_step(comm, what + ": create", [&] {
-    dset = create_dataset(group, f.name, file_type_of(f.type), {}, what);
-    write_checksum_attribute(dset.get(), element_hash(0, bits), what);
+    dset = create_dataset(group, f.name, file_type_of(f.type), shape, what);
+    write_checksum_attribute(dset.get(), checksum, what);
   });
-  auto fsel = h5::space(H5Screate(H5S_SCALAR), what);
-  auto msel = h5::space(H5Screate(H5S_SCALAR), what);
+  auto fsel = h5::space(H5Dget_space(dset.get()), what);
+  auto msel = h5::space(H5Dget_space(dset.get()), what);
   if (mpi::rank(comm) != 0) {
     h5::check(H5Sselect_none(fsel.get()), what);
     h5::check(H5Sselect_none(msel.get()), what);
   }
   collective_step(comm, what + ": write", [&] {
-    h5::check(H5Dwrite(dset.get(), native_of(f.type), msel.get(), fsel.get(), dxpl, &bits),
+    h5::check(H5Dwrite(dset.get(), native_of(f.type), msel.get(), fsel.get(), dxpl, bits.data()),
               what + ": write");
   });
   close_step(comm, dset, what);
@@ -552,9 +589,16 @@ void write_state(MPI_Comm comm, hid_t file, const CheckpointState& state, hid_t 
                  const std::string& path) {
   auto group = create_group(comm, file, "state", path + ": /state");
   const auto bits = state_bits(state);
-  for (std::size_t i = 0; i < bits.size(); ++i)
-    write_scalar(comm, group.get(), kStateFields[i], bits[i], dxpl,
-                 cat(path, ": /state/", kStateFields[i].name));
+  for (std::size_t i = 0; i < std::size(kStateFields); ++i)
+    write_field(comm, group.get(), kStateFields[i], {bits[i]}, false, dxpl,
+                cat(path, ": /state/", kStateFields[i].name));
+  if (state.has_data) {
+    const auto data = bits.begin() + std::ptrdiff_t(std::size(kStateFields));
+    write_field(comm, group.get(), kFingerprintField, {*data}, false, dxpl,
+                cat(path, ": /state/", kFingerprintField.name));
+    write_field(comm, group.get(), kDatasetSamplesField, {data + 1, bits.end()}, true, dxpl,
+                cat(path, ": /state/", kDatasetSamplesField.name));
+  }
   close_step(comm, group, path + ": /state");
 }
 
@@ -563,7 +607,7 @@ template <class T>
 void write_file(const std::string& path, MPI_Comm comm, const SavePlan& s,
                 const Buffers<const T>& buffers, const CheckpointState* state,
                 const std::map<std::string, std::string>& attributes, const std::string& where) {
-  const std::size_t n_state = state ? std::size(kStateFields) : 0;
+  const std::size_t n_state = state ? state_bits(*state).size() : 0;
   const std::int64_t bytes = estimated_file_bytes(s.tensor_bytes + 8 * std::int64_t(n_state),
                                                   s.plans.size() + n_state, attributes);
   const char* version = state ? kCheckpointFormatVersion : kWeightsFormatVersion;
@@ -918,6 +962,12 @@ SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
   std::string error;
   if (keep < 1) error = cat("keep = ", keep, ": at least the newest checkpoint must be kept");
   if (error.empty() && state.step < 0) error = cat("the step ", state.step, " is negative");
+  std::int64_t drawn = 0;
+  for (std::int64_t n : state.dataset_samples) drawn += n;
+  if (error.empty() && state.has_data &&
+      (state.dataset_samples.empty() || drawn != state.consumed_samples))
+    error = cat("the samples of ", state.dataset_samples.size(), " datasets sum to ", drawn,
+                ", not to the ", state.consumed_samples, " consumed");
   const SavePlan s = plan_save(comm, chunks, buffers, holder, attributes, error, where);
   Packer st;
   for (auto b : state_bits(state)) st.u64(b);
@@ -938,7 +988,7 @@ SaveReport save_checkpoint(const std::string& dir, MPI_Comm comm,
   publish_on_root(comm, tmp, where, report,
                   [&] { return publish(dir, tmp, name, keep, keep_best); });
   report.path = in_folder(dir, name);
-  report.data_bytes = s.tensor_bytes + static_cast<std::int64_t>(std::size(kStateFields)) * 8;
+  report.data_bytes = s.tensor_bytes + static_cast<std::int64_t>(state_bits(state).size()) * 8;
   report.seconds = MPI_Wtime() - t0;
   return report;
 }

@@ -16,7 +16,10 @@
 //   /state/optimizer_t      int64    the optimizer's update count t (AdamW bias correction)
 //   /state/seed             uint64   run%seed: the RNG is counter-based, the seed restarts it
 //   /state/lr               float64  learning rate of the last step (informational)
-//                           each a scalar dataset with a checksum attribute
+//   /state/data_fingerprint uint64   the data's fingerprint (data::TokenSource::fingerprint)
+//   /state/dataset_samples  int64[N] of consumed_samples, those from each of the N datasets
+//                           each a dataset with a checksum attribute; the last two are absent
+//                           from checkpoints written before them, which still load
 // Tensor names and global shapes are those of model/layout.hpp; the padded vocabulary rows
 // of wte and the pipeline's tied copy of wte are not stored (their moments neither).
 // Every dataset's checksum follows weights.hpp's definition (for a scalar: i = 0 and the
@@ -97,6 +100,12 @@ struct CheckpointState {
   std::int64_t optimizer_t = 0;       // the optimizer's update count t
   std::uint64_t seed = 0;             // run%seed
   double lr = 0;                      // learning rate of the last step (informational)
+  // The data (data/data.hpp): with has_data, its fingerprint and the samples drawn from each
+  // dataset (summing to consumed_samples, at least one). A checkpoint written before these
+  // were kept reads back has_data = false.
+  bool has_data = false;
+  std::uint64_t data_fingerprint = 0;
+  std::vector<std::int64_t> dataset_samples;
 };
 
 struct SaveReport {

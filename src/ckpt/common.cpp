@@ -135,12 +135,6 @@ std::string tensor_problem(const TensorSpec& t, std::int64_t chunk_numel, std::s
 
 // ---- what ranks exchange ------------------------------------------------------------------
 
-std::uint64_t fnv1a(const std::string& bytes) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-
 void require_same_on_all_ranks(MPI_Comm comm, const std::string& bytes, const std::string& where,
                                const std::string& what) {
   // max(h) and ~min(h) in one reduction: equal extremes mean every rank has the same h.

@@ -101,8 +101,6 @@ hid_t file_type() {
 
 // ---- what ranks exchange ------------------------------------------------------------------
 
-std::uint64_t fnv1a(const std::string& bytes);
-
 class Packer {
  public:
   void i64(std::int64_t v) { raw(&v, sizeof v); }

@@ -328,6 +328,45 @@ void initialise(const Config& config, const Grid& grid, parallel::Trainer<P>& tr
   log::info(cat("model: weights read from ", config.model.init_from, " (", report.file_dtype, ")"));
 }
 
+namespace {
+// Where a restart's training stream goes on: the checkpoint's position when it was written for
+// the same data; refused (exit 2) for other data unless data%allow_change, which keeps the
+// sample count (and the per-dataset counts when the number of datasets is the same; else the
+// blend's counts after that many samples). A checkpoint from before data fingerprints goes on
+// at its sample count in this deck's data, as the blend replays it.
+data::Position data_position(const Config& config, const data::TokenSource& source,
+                             const CheckpointState& state, const CheckpointLoadReport& report) {
+  const std::string written =
+      report.attributes.count("data") ? report.attributes.at("data") : std::string("unknown");
+  if (!state.has_data) {
+    log::warn(cat("restart: ", report.path,
+                  " was written before checkpoints kept the data's fingerprint: its data is "
+                  "not compared with this run's; going on at sample ",
+                  state.consumed_samples));
+  } else if (state.data_fingerprint != source.fingerprint()) {
+    if (!config.data.allow_change)
+      throw Error(cat("restart: ", report.path, " was written for other data (", written,
+                      ") than this run reads (", source.describe(),
+                      "); set data%allow_change = .true. to go on with this data at sample ",
+                      state.consumed_samples),
+                  kExitInput);
+    log::warn(cat("restart: ", report.path, " was written for other data (", written,
+                  "); data%allow_change: going on with this run's data at sample ",
+                  state.consumed_samples));
+  }
+  data::Position at;
+  if (state.has_data && int(state.dataset_samples.size()) == source.datasets()) {
+    at.consumed = state.consumed_samples;
+    at.per_dataset = state.dataset_samples;
+  } else {
+    at = data::position_after(source, state.consumed_samples);
+  }
+  const std::string where = data::describe_position(source, at);
+  log::info(cat("data: going on at sample ", at.consumed, where.empty() ? "" : ", ", where));
+  return at;
+}
+}  // namespace
+
 template <class P>
 std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>& trainer) {
   using T = typename P::master;
@@ -363,18 +402,21 @@ std::int64_t resume(const Config& config, const Grid& grid, parallel::Trainer<P>
   log::info(cat("restart: ", report.path, " at step ", state.step, " (written on ", attr("grid"),
                 ", ZeRO ", attr("zero"), "); ", rate(double(report.bytes_read), report.seconds),
                 " read"));
+  trainer.set_data_position(data_position(config, trainer.data(), state, report));
   return state.step;
 }
 
 namespace {
-// A checkpoint's root attributes: what wrote it, and (keep_best) the validation loss.
+// A checkpoint's root attributes: what wrote it, the data it read (shown when a restart refuses
+// other data), and (keep_best) the validation loss.
 std::map<std::string, std::string> checkpoint_attributes(const Config& config, const Grid& grid,
-                                                         double val_loss) {
+                                                         double val_loss, const std::string& data) {
   std::map<std::string, std::string> attrs{
       {"ptrain_version", PTRAIN_VERSION},    {"deck", deck::echo(config)},
       {"grid", grid.shape().str()},          {"zero", std::to_string(config.parallel.zero)},
       {"compute_dtype", config.model.dtype}, {"run", config.run.name}};
   if (!std::isnan(val_loss)) attrs[kValLossAttribute] = fixed_17(val_loss);
+  attrs["data"] = data;
   return attrs;
 }
 
@@ -467,9 +509,17 @@ Checkpoints<P>::~Checkpoints() {
 template <class P>
 void Checkpoints<P>::save(std::int64_t step, double lr, double val_loss) {
   using T = typename P::master;
-  const CheckpointState state{step, step * config_.train.global_batch, trainer_.optimizer(0).t(),
-                              std::uint64_t(config_.run.seed), lr};
-  const auto attrs = checkpoint_attributes(config_, grid_, val_loss);
+  const data::Position& at = trainer_.data_position();
+  CheckpointState state;
+  state.step = step;
+  state.consumed_samples = at.consumed;
+  state.optimizer_t = trainer_.optimizer(0).t();
+  state.seed = std::uint64_t(config_.run.seed);
+  state.lr = lr;
+  state.has_data = true;
+  state.data_fingerprint = trainer_.data().fingerprint();
+  state.dataset_samples = at.per_dataset;
+  const auto attrs = checkpoint_attributes(config_, grid_, val_loss, trainer_.data().describe());
   const TensorPredicate holder = state_holder(config_, grid_, trainer_);
   const std::string dir = checkpoint_dir(config_);
   const int keep = int(config_.checkpoint.keep);

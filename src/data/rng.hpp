@@ -96,4 +96,30 @@ KOKKOS_INLINE_FUNCTION double normal(std::uint64_t seed, std::uint64_t stream, s
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925286766559 * u2);
 }
 
+// Position of i in a permutation of [0, n) that is a pure function of (seed, stream, a),
+// computed in O(1): a 4-round Feistel network (Luby-Rackoff: a pseudorandom permutation) on
+// the smallest even-bit domain 2^(2h) >= n, its round function Philox of (a, round and right
+// half), walked along the cycle until it lands below n (cycle walking: the domain is under 4n,
+// so fewer than 4 walks on average). n >= 1, i < n. Host only (a loop of data-dependent length).
+inline std::uint64_t permute(std::uint64_t i, std::uint64_t n, std::uint64_t seed,
+                             std::uint64_t stream, std::uint64_t a) {
+  if (n <= 1) return 0;
+  int bits = 1;
+  while (bits < 64 && (std::uint64_t(1) << bits) < n) ++bits;
+  const int h = (bits + 1) / 2;  // each half; 2h <= 64
+  const std::uint64_t mask = h >= 32 ? 0xffffffffull : (std::uint64_t(1) << h) - 1;
+  std::uint64_t x = i;
+  do {
+    std::uint64_t left = x >> h, right = x & mask;
+    for (std::uint64_t round = 0; round < 4; ++round) {
+      const std::uint64_t f = draw(seed, stream, a, (right << 8) | round) & mask;
+      const std::uint64_t next = left ^ f;
+      left = right;
+      right = next;
+    }
+    x = (left << h) | right;
+  } while (x >= n);
+  return x;
+}
+
 }  // namespace ptrain::rng

@@ -155,23 +155,39 @@ void check_pipeline(const Checker& ck, const Config& c) {
       sum += p.pp_layers[std::size_t(given++)];
     const bool trailing_zeros =
         std::all_of(p.pp_layers.begin() + given, p.pp_layers.end(), [](I64 n) { return n == 0; });
-    ck.require(trailing_zeros && given == chunks,
-               cat("parallel%pp_layers must give one positive layer count per pipeline chunk "
-                   "(parallel%pp*virtual_stages = ",
-                   chunks, ", in order: chunk c of stage s is number c*pp + s + 1), got ", given,
-                   " before the first 0"));
+    ck.require(
+        trailing_zeros && given == chunks,
+        cat("parallel%pp_layers must give one positive layer count per pipeline chunk "
+            "(parallel%pp*virtual_stages = ",
+            chunks,
+            p.pp_schedule == "zb-v" ? ", in model order: stage s holds numbers s + 1 and 2*pp - s"
+                                    : ", in order: chunk c of stage s is number c*pp + s + 1",
+            "), got ", given, " before the first 0"));
     ck.require(!trailing_zeros || given != chunks || sum == m.n_layer,
                cat("parallel%pp_layers adds up to ", sum, " layers, model%n_layer = ", m.n_layer));
   }
+  const bool v_shape = p.pp_schedule == "zb-v";
   if (p.virtual_stages > 1) {
-    ck.require(p.pp_schedule == "interleaved",
-               cat("parallel%virtual_stages = ", p.virtual_stages,
-                   " needs parallel%pp_schedule = 'interleaved' (got ", q(p.pp_schedule), ")"));
+    ck.require(
+        p.pp_schedule == "interleaved" || v_shape,
+        cat("parallel%virtual_stages = ", p.virtual_stages,
+            " needs parallel%pp_schedule = 'interleaved' or 'zb-v' (got ", q(p.pp_schedule), ")"));
     ck.require(p.pp > 1,
                cat("parallel%virtual_stages = ", p.virtual_stages, " needs parallel%pp > 1"));
   }
   ck.require(p.pp_schedule != "interleaved" || p.virtual_stages > 1,
              "parallel%pp_schedule = 'interleaved' needs parallel%virtual_stages > 1");
+  ck.require(!v_shape || p.virtual_stages == 2,
+             cat("parallel%pp_schedule = 'zb-v' places two chunks per pipeline rank in a V: it "
+                 "needs parallel%virtual_stages = 2 (got ",
+                 p.virtual_stages, ")"));
+  // The zero-bubble schedules split each block's backward into its input and weight
+  // gradients; a MoE block's backward is not split.
+  ck.require(!(p.pp_schedule == "zb-h1" || v_shape) || m.n_expert == 0,
+             cat("parallel%pp_schedule = ", q(p.pp_schedule),
+                 " splits each block's backward into input and weight gradients, which MoE "
+                 "blocks (model%n_expert = ",
+                 m.n_expert, ") do not do yet; use '1f1b' or 'interleaved'"));
 }
 
 // Micro-batches per rank, context and expert parallelism, sequence parallelism.
@@ -242,8 +258,28 @@ void check_data_and_backend(const Checker& ck, const Config& c) {
   if (d.source == "bytes")
     ck.require(m.vocab >= 256,
                cat("data%source = 'bytes' needs model%vocab >= 256 (got ", m.vocab, ")"));
-  if (d.source == "bytes" || d.source == "u16")
-    ck.require(!d.path.empty(), cat("data%source = ", q(d.source), " needs a file in data%path"));
+  std::size_t blended = 0;
+  for (std::size_t i = 0; i < d.paths.size(); ++i) {
+    const bool path = !d.paths[i].empty(), weight = i < d.weights.size() && d.weights[i] > 0;
+    blended += path ? 1 : 0;
+    ck.require(path == weight, path ? cat("data%paths(", i + 1, ") = ", q(d.paths[i]),
+                                          " needs a weight > 0 in data%weights(", i + 1, ")")
+                                    : cat("data%weights(", i + 1, ") = ", d.weights[i],
+                                          " has no file in data%paths(", i + 1, ")"));
+  }
+  if (d.source == "synthetic") {
+    ck.require(blended == 0,
+               "data%paths is a blend of files: it needs data%source = 'bytes', "
+               "'u16' or 'indexed' (the synthetic source reads no file)");
+  } else {
+    ck.require(!d.path.empty() || blended > 0,
+               cat("data%source = ", q(d.source),
+                   " needs a file in data%path (or a blend in data%paths)"));
+    ck.require(d.path.empty() || blended == 0,
+               cat("data%path = ", q(d.path),
+                   " and data%paths both name data: give one file in data%path, or a blend in "
+                   "data%paths"));
+  }
 
   const auto& g = c.parallel.grad_dtype;
   if (g != "auto" && g != m.dtype && !(g == "fp32" && m.dtype == "bf16"))

@@ -70,8 +70,8 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n);
 template <class T>
 void matmul_forward(Vec<T> out, CVec<T> inp, CVec<T> weight, CVec<T> bias, int N, int C, int OC);
 // dinp: (N, C) [=] dout (N, OC) @ weight (OC, C), or [+=] with accumulate_dinp;
-// dweight: (OC, C) [+=] dout^T @ inp;  dbias: (OC) [+=] column sums of dout. An empty dinp or
-// dbias is skipped.
+// dweight: (OC, C) [+=] dout^T @ inp;  dbias: (OC) [+=] column sums of dout. An empty dinp,
+// dweight or dbias is skipped (a split backward computes dinp and the rest apart).
 template <class T, class G = T>
 void matmul_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> dout, CVec<T> inp,
                      CVec<T> weight, int N, int C, int OC, bool accumulate_dinp = false);

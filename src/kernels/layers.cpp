@@ -94,7 +94,8 @@ void matmul_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T> do
     gemm<T>(false, false, N, C, OC, A(1), dout, 0, OC, weight, 0, C, A(accumulate_dinp ? 1 : 0),
             dinp, 0, C);
   // dW (OC, C) += dout^T (OC, N) @ inp (N, C)
-  gemm<T, G>(true, false, OC, C, N, A(1), dout, 0, OC, inp, 0, C, A(1), dweight, 0, C);
+  if (dweight.extent(0) > 0)
+    gemm<T, G>(true, false, OC, C, N, A(1), dout, 0, OC, inp, 0, C, A(1), dweight, 0, C);
   if (dbias.extent(0) > 0) {
     require_len("matmul_backward dbias", dbias.extent(0), std::size_t(OC));
     require_len("matmul_backward dout", dout.extent(0), std::size_t(N) * OC);

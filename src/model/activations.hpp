@@ -156,6 +156,36 @@ void describe(HeadActs<V, S>& a, const ActShape& s, F&& f) {
   f(a.sums, 2 * s.BT, Role::stat);
 }
 
+// What a split backward (zero-bubble schedules: the input gradient B now, the weight gradient W
+// later) keeps of one block from its B to its W: the output gradients of its four linear layers
+// (rows of d(res2) and d(res3): sequence parallelism gathers them again in W) and its
+// LayerNorms' parameter sums (weight then bias, 2C each; grad type). Their inputs (ln1, atty,
+// ln2, fch_gelu) stay in the micro-batch's slot, which lives until W. Without recomputation
+// the gradients take the places of tensors only B reads (qkv, fch, res2, res3) and have no
+// room here; with it W reruns the recomputation, which reads those tensors.
+template <class V, class W = V>
+struct BlockWeightGrads {
+  V dqkv, dfch, dres2, dres3;  // (BT, 3Cl), (BT, Fl), (R, C), (R, C)
+  W ln1, ln2;                  // (2C) each
+};
+template <class V, class W, class F>
+void describe(BlockWeightGrads<V, W>& a, const ActShape& s, F&& f) {
+  const bool own = s.recompute != Recompute::none;
+  f(a.dqkv, own ? s.BT * 3 * s.Cl : 0), f(a.dfch, own ? s.BT * s.Fl : 0);
+  f(a.dres2, own ? s.R * s.C : 0), f(a.dres3, own ? s.R * s.C : 0);
+  f(a.ln1, 2 * s.C, Role::grad), f(a.ln2, 2 * s.C, Role::grad);
+}
+// The first chunk's W also keeps d(input) (R, C) for the embedding's gradients (in the input's
+// place without recomputation).
+template <class V>
+struct InputWeightGrads {
+  V dx;
+};
+template <class V, class F>
+void describe(InputWeightGrads<V>& a, const ActShape& s, F&& f) {
+  f(a.dx, s.recompute != Recompute::none ? s.R * s.C : 0);
+}
+
 // The backward's scratch, shared by the micro-batches of a stage (one backward at a time);
 // `partial` of the forward (tp partial sums before their reduction) reuses dres.
 template <class V, class W = V>

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/gemm.hpp"
+#include "util/error.hpp"
 #include "util/profile.hpp"
 
 namespace ptrain::model {
@@ -97,6 +98,23 @@ void LayerNorm<P>::backward(const Ctx& c, CVec<T> x, CVec<A> mean, CVec<A> rstd,
   K::axpy<G>(db, 1, db_part);
 }
 
+template <class P>
+void LayerNorm<P>::backward_input(const Ctx& c, CVec<T> x, CVec<A> mean, CVec<A> rstd, CVec<T> dout,
+                                  Vec<T> dx, Vec<G> sums) const {
+  const auto dw_part = slice(sums, 0, C), db_part = slice(sums, C, C);
+  profile::region("layernorm", [&] {
+    K::fill(sums, G(0));
+    K::layernorm_backward<T, G>(dx, dw_part, db_part, dout, x, w, mean, rstd, int(c.R), C);
+  });
+  if (c.tp->sp()) c.tp->sum(sums);
+}
+
+template <class P>
+void LayerNorm<P>::backward_weight(CVec<G> sums) const {
+  K::axpy<G>(dw, 1, slice(sums, 0, C));
+  K::axpy<G>(db, 1, slice(sums, C, C));
+}
+
 // ---- tensor-parallel linear layers -------------------------------------------------------
 
 template <class P>
@@ -116,6 +134,22 @@ auto ColumnParallelLinear<P>::backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<
 }
 
 template <class P>
+auto ColumnParallelLinear<P>::backward_input(const Ctx& c, CVec<T> dy, Vec<T> dx, Vec<T> rows) const
+    -> Vec<T> {
+  profile::region("matmul",
+                  [&] { K::matmul_backward<T, G>(dx, {}, {}, dy, {}, w, int(c.BT), in, out); });
+  const Vec<T> mine = c.tp->sp() ? rows : dx;
+  c.tp->sum_to_rows(dx, mine);
+  return mine;
+}
+
+template <class P>
+void ColumnParallelLinear<P>::backward_weight(const Ctx& c, CVec<T> x, CVec<T> dy) const {
+  profile::region("matmul",
+                  [&] { K::matmul_backward<T, G>({}, dw, db, dy, x, w, int(c.BT), in, out); });
+}
+
+template <class P>
 void RowParallelLinear<P>::forward(const Ctx& c, CVec<T> x, Vec<T> partial, Vec<T> y) const {
   const Vec<T> p = c.tp->sp() ? partial : y;
   const Vec<T> bias = c.tp->rank() == 0 ? b : Vec<T>();
@@ -129,6 +163,20 @@ void RowParallelLinear<P>::backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> f
   const Vec<T> d = all_rows(c, dy, full, out);
   profile::region("matmul",
                   [&] { K::matmul_backward<T, G>(dx, dw, db, d, x, w, int(c.BT), in, out); });
+}
+
+template <class P>
+void RowParallelLinear<P>::backward_input(const Ctx& c, Vec<T> dy, Vec<T> full, Vec<T> dx) const {
+  const Vec<T> d = all_rows(c, dy, full, out);
+  profile::region("matmul",
+                  [&] { K::matmul_backward<T, G>(dx, {}, {}, d, {}, w, int(c.BT), in, out); });
+}
+
+template <class P>
+void RowParallelLinear<P>::backward_weight(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full) const {
+  const Vec<T> d = all_rows(c, dy, full, out);
+  profile::region("matmul",
+                  [&] { K::matmul_backward<T, G>({}, dw, db, d, x, w, int(c.BT), in, out); });
 }
 
 // ---- attention, MLP ------------------------------------------------------------------------
@@ -252,6 +300,42 @@ void Block<P>::backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) 
   attn.backward(c, a.qkv, a.atty, a.lse, g.datty, g.dqkv);
   dy = qkv.backward(c, a.ln1, g.dqkv, g.dln, rows);
   ln1.backward(c, x, a.ln1_mean, a.ln1_rstd, dy, g.dres, g.dnorm);
+}
+
+template <class P>
+void Block<P>::backward_input(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g,
+                              const WeightGrads& w) const {
+  PTRAIN_REQUIRE(!routing, "model: a MoE block's backward does not split (internal)");
+  const int C = ln1.C;
+  const Vec<T> rows = c.tp->sp() ? slice(g.dfull, 0, c.R * C) : g.dln;
+  // The MLP branch as in backward, its output gradient d(res3) and d(fch) kept. d(res3) goes
+  // first: the LayerNorm below adds into g.dres.
+  K::copy<T>(w.dres3, g.dres);
+  mlp.proj.backward_input(c, g.dres, g.dfull, g.mlp.dgelu);
+  profile::region("gelu", [&] {
+    K::gelu_backward<T>(g.mlp.dfch, a.mlp.fch, g.mlp.dgelu, a.mlp.fch.extent(0));
+  });
+  K::copy<T>(w.dfch, g.mlp.dfch);  // after the GELU's backward: w.dfch may be a.mlp.fch
+  Vec<T> dy = mlp.fc.backward_input(c, g.mlp.dfch, g.dln, rows);
+  ln2.backward_input(c, a.res2, a.ln2_mean, a.ln2_rstd, dy, g.dres, w.ln2);
+  K::copy<T>(w.dres2, g.dres);  // after LN2's backward: w.dres2 may be a.res2
+  // The attention branch; d(qkv) kept once the attention's backward has read qkv.
+  proj.backward_input(c, g.dres, g.dfull, g.datty);
+  attn.backward(c, a.qkv, a.atty, a.lse, g.datty, g.dqkv);
+  K::copy<T>(w.dqkv, g.dqkv);
+  dy = qkv.backward_input(c, g.dqkv, g.dln, rows);
+  ln1.backward_input(c, x, a.ln1_mean, a.ln1_rstd, dy, g.dres, w.ln1);
+}
+
+template <class P>
+void Block<P>::backward_weight(const Ctx& c, const Acts& a, const Grads& g,
+                               const WeightGrads& w) const {
+  mlp.proj.backward_weight(c, a.mlp.fch_gelu, w.dres3, g.dfull);
+  mlp.fc.backward_weight(c, a.ln2, w.dfch);
+  ln2.backward_weight(w.ln2);
+  proj.backward_weight(c, a.atty, w.dres2, g.dfull);
+  qkv.backward_weight(c, a.ln1, w.dqkv);
+  ln1.backward_weight(w.ln1);
 }
 
 template <class P>

@@ -99,6 +99,11 @@ struct LayerNorm {
   // partial sums, in `scratch` (2C), are summed over tp first).
   void backward(const Ctx& c, CVec<T> x, CVec<A> mean, CVec<A> rstd, CVec<T> dout, Vec<T> dx,
                 Vec<G> scratch) const;
+  // A split backward: dx [+=] and the parameter sums into `sums` (2C, [=], summed over tp
+  // under SP); then dw, db [+=] sums. Under SP the same operations as backward's.
+  void backward_input(const Ctx& c, CVec<T> x, CVec<A> mean, CVec<A> rstd, CVec<T> dout, Vec<T> dx,
+                      Vec<G> sums) const;
+  void backward_weight(CVec<G> sums) const;
 };
 
 template <class P>
@@ -113,6 +118,9 @@ struct ColumnParallelLinear {
   // dw, db [+=]; dx (BT, in) [=] dy w, a partial sum over tp reduced to this rank's rows,
   // which are returned: (R, in), `rows` under SP, else dx itself.
   Vec<T> backward(const Ctx& c, CVec<T> x, CVec<T> dy, Vec<T> dx, Vec<T> rows) const;
+  // backward split: d(input) alone (the same rows returned), then dw, db [+=] alone.
+  Vec<T> backward_input(const Ctx& c, CVec<T> dy, Vec<T> dx, Vec<T> rows) const;
+  void backward_weight(const Ctx& c, CVec<T> x, CVec<T> dy) const;
 };
 
 template <class P>
@@ -127,6 +135,10 @@ struct RowParallelLinear {
   // dy (R, out) of every token, gathered into `full` (BT, out) under SP; dw, db [+=];
   // dx (BT, in) [=] dy w.
   void backward(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full, Vec<T> dx) const;
+  // backward split: dx alone, then dw, db [+=] from the rows dy (R, out), gathered again into
+  // `full` under SP.
+  void backward_input(const Ctx& c, Vec<T> dy, Vec<T> full, Vec<T> dx) const;
+  void backward_weight(const Ctx& c, CVec<T> x, Vec<T> dy, Vec<T> full) const;
 };
 
 // Causal multi-head attention over this rank's heads on a (BT, 3Cl) qkv buffer: local, or
@@ -204,6 +216,14 @@ struct Block {
   void forward(const Ctx& c, CVec<T> x, const Acts& a, Vec<T> partial) const;
   // g.dres (R, C): d(res3) in, d(x) out.
   void backward(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g) const;
+  // The backward split (a dense block; zero-bubble schedules): the input gradient (B), which
+  // keeps in `w` what the weight gradient (W) needs, then W from `w` and the inputs of the
+  // linear layers in `a`. The same kernels on the same operands as backward, so every
+  // gradient has its bits, except (without SP) the LayerNorm parameters', summed apart first.
+  using WeightGrads = BlockWeightGrads<Vec<T>, Vec<G>>;
+  void backward_input(const Ctx& c, CVec<T> x, const Acts& a, const Grads& g,
+                      const WeightGrads& w) const;
+  void backward_weight(const Ctx& c, const Acts& a, const Grads& g, const WeightGrads& w) const;
   // Rebuilds, before the backward, what train%recompute did not keep (model/activations.hpp):
   // selective reruns the LayerNorms, attention and GELU from the kept tensors; full reruns
   // the forward from x (`partial` (BT, C) scratch). The same kernels on the same inputs:

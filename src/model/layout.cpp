@@ -145,6 +145,16 @@ void add_block(ChunkBuilder& b, const Dims& d, const ShardCoord& c, int i) {
 
 }  // namespace
 
+int global_chunk(int P, bool v_shape, int rank, int chunk) {
+  if (v_shape) return chunk == 0 ? rank : 2 * P - 1 - rank;
+  return chunk * P + rank;
+}
+
+ChunkPlace chunk_place(int P, bool v_shape, int g) {
+  if (v_shape) return g < P ? ChunkPlace{g, 0} : ChunkPlace{2 * P - 1 - g, 1};
+  return {g % P, g / P};
+}
+
 std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord) {
   const Dims d = dims_of(config);
   const int n_chunks = coord.pp * coord.virtual_stages;
@@ -158,8 +168,7 @@ std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& co
   auto layers_of = [&](int g) { return given ? uneven[std::size_t(g)] : d.L / n_chunks; };
   std::vector<ChunkLayout> chunks;
   for (int v = 0; v < coord.virtual_stages; ++v) {
-    // Interleaved assignment (Megatron): chunk v of stage p is global chunk v*P + p.
-    const int g = v * coord.pp + coord.p;
+    const int g = global_chunk(coord.pp, coord.v_shape, coord.p, v);
     ChunkLayout chunk;
     chunk.chunk = v;
     chunk.first_layer = 0;
@@ -261,7 +270,8 @@ ActShape act_shape(const Dims& d, const ShardCoord& c, std::int64_t B, std::int6
 }
 
 ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
-                                 bool has_head, bool sequence_parallel, Recompute recompute) {
+                                 bool has_head, bool sequence_parallel, Recompute recompute,
+                                 bool has_embedding) {
   ActivationSizes a;
   for (bool moe : {false, true}) {  // room for either kind of block in every layer slot
     if (moe && d.n_expert == 0) break;
@@ -271,7 +281,8 @@ ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_
     const DescribedSizes kept = sizes_of<Block>(with_part(s, ActShape::kept)),
                          redone = sizes_of<Block>(with_part(s, ActShape::recomputed)),
                          scratch = sizes_of<Scratch<std::int64_t>>(s),
-                         head = has_head ? sizes_of<HeadActs<std::int64_t>>(s) : DescribedSizes{};
+                         head = has_head ? sizes_of<HeadActs<std::int64_t>>(s) : DescribedSizes{},
+                         weight = sizes_of<BlockWeightGrads<std::int64_t>>(s);
     a.per_layer = std::max(a.per_layer, kept.values);
     a.per_layer_stats = std::max(a.per_layer_stats, kept.stats);
     a.scratch = std::max(a.scratch, scratch.values);
@@ -280,10 +291,26 @@ ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_
     a.recompute =
         std::max(a.recompute, redone.values + (recompute == Recompute::full ? s.BT * s.C : 0));
     a.recompute_stats = std::max(a.recompute_stats, redone.stats);
-    a.outside = sizes_of<InputActs<std::int64_t>>(s).values + head.values;
-    a.outside_stats = head.stats;
+    a.input = sizes_of<InputActs<std::int64_t>>(s).values;
+    a.head = head.values;
+    a.head_stats = head.stats;
+    a.weight_per_layer = std::max(a.weight_per_layer, weight.values);
+    a.weight_per_layer_grads = std::max(a.weight_per_layer_grads, weight.grads);
+    a.weight_input = has_embedding ? sizes_of<InputWeightGrads<std::int64_t>>(s).values : 0;
   }
   return a;
+}
+
+double activation_bytes(const ActivationSizes& a, std::int64_t n_layers, const SlotCounts& slots,
+                        double w, double w_stat, double w_grad) {
+  const double acts = slots.acts, head = slots.head, weight = slots.weight;
+  return (double(a.kept(n_layers)) * acts + double(a.head) * head + double(a.recompute) +
+          double(a.weight(n_layers)) * weight) *
+             w +
+         (double(a.kept_stats(n_layers)) * acts + double(a.head_stats) * head +
+          double(a.recompute_stats)) *
+             w_stat +
+         double(a.weight_grads(n_layers)) * weight * w_grad;
 }
 
 Recompute recompute_mode(const std::string& v) {

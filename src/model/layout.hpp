@@ -48,6 +48,8 @@ struct ShardCoord {
   int c = 0, cp = 1;      // context-parallel rank and size
   bool cp_zigzag = true;  // parallel%cp_layout: zigzag (else contiguous)
   int virtual_stages = 1;
+  // The chunk placement (global_chunk below): V-shaped (pp_schedule = 'zb-v') or interleaved.
+  bool v_shape = false;
   // Ranks a ZeRO shard of the dense parameters is cut over: 0 for the whole dense-grad group,
   // else (parallel%zero_scope = 'node') its ranks on one node.
   int zero_shards = 0;
@@ -105,7 +107,17 @@ struct ChunkLayout {
   const TensorSpec& find(const std::string& name) const;  // throws when absent
 };
 
-// The chunks a rank holds (one unless the schedule is interleaved).
+// Global chunk (model order: 0 holds the embedding, the last the head) of local chunk `chunk`
+// of pipeline rank `rank` of P: interleaved (Megatron) chunk*P + rank; V-shaped (zb-v, two
+// chunks per rank) rank and 2P-1-rank, so the first rank holds both ends.
+int global_chunk(int P, bool v_shape, int rank, int chunk);
+// The pipeline rank and local chunk holding global chunk g (the inverse).
+struct ChunkPlace {
+  int rank = 0, chunk = 0;
+};
+ChunkPlace chunk_place(int P, bool v_shape, int g);
+
+// The chunks a rank holds (one unless the schedule is interleaved or V-shaped).
 std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord);
 
 // Parameters of the whole model (global shapes, unpadded vocab, each tensor once).
@@ -131,16 +143,39 @@ namespace ptrain::model {
 // statistics, fp32 in a bf16 run; scratch_grads of the grad type.
 struct ActivationSizes {
   std::int64_t per_layer = 0;  // kept per block (BlockActs, less what recompute rebuilds)
-  std::int64_t outside = 0;    // the stage input, and the head's (InputActs, HeadActs)
+  std::int64_t input = 0;      // the stage input (InputActs)
+  std::int64_t head = 0;       // the head's (HeadActs): a pool of its own (Stage)
   std::int64_t scratch = 0;    // backward gradients of activations, reused across blocks
   std::int64_t recompute = 0;  // one block's recomputed activations (workspace)
-  std::int64_t per_layer_stats = 0, outside_stats = 0, recompute_stats = 0;
+  std::int64_t per_layer_stats = 0, head_stats = 0, recompute_stats = 0;
   std::int64_t scratch_grads = 0;  // LayerNorm parameter gradients under SP
-  std::int64_t kept(std::int64_t n_layers) const { return per_layer * n_layers + outside; }
-  std::int64_t kept_stats(std::int64_t n_layers) const {
-    return per_layer_stats * n_layers + outside_stats;
+  // One W record of a split backward (BlockWeightGrads, InputWeightGrads): values and the
+  // LayerNorm sums (grad type).
+  std::int64_t weight_per_layer = 0, weight_input = 0, weight_per_layer_grads = 0;
+  // One micro-batch's slot, the head's apart.
+  std::int64_t kept(std::int64_t n_layers) const { return per_layer * n_layers + input; }
+  std::int64_t kept_stats(std::int64_t n_layers) const { return per_layer_stats * n_layers; }
+  std::int64_t weight(std::int64_t n_layers) const {
+    return weight_per_layer * n_layers + weight_input;
+  }
+  std::int64_t weight_grads(std::int64_t n_layers) const {
+    return weight_per_layer_grads * n_layers;
   }
 };
+// How many micro-batches a chunk's activation buffers hold at once, from the schedule
+// checker: `acts` from a forward until its weight gradient (W, or a whole backward), `head`
+// (the head's activations, on the chunk with the head) until its input gradient, `weight`
+// (W records) from a split backward's B until its W.
+struct SlotCounts {
+  int acts = 1, head = 1, weight = 0;
+  SlotCounts(int n = 1) : acts(n), head(n) {}  // NOLINT: a count of whole-backward slots
+  SlotCounts(int a, int h, int w) : acts(a), head(h), weight(w) {}
+};
+// Bytes of what a chunk's stage allocates in MemCategory::activations for `slots`, with
+// values, statistics and gradients of w, w_stat and w_grad bytes (the plan's figure and
+// the tracked allocator's agree by construction).
+double activation_bytes(const ActivationSizes& a, std::int64_t n_layers, const SlotCounts& slots,
+                        double w, double w_stat, double w_grad);
 // B samples of T local tokens (T = seq_len / cp).
 // train%recompute: what a block keeps for its backward. selective drops the LayerNorm
 // outputs, the attention output and the GELU output (cheap to recompute from what is kept);
@@ -151,7 +186,7 @@ Recompute recompute_mode(const std::string& deck_value);
 
 ActivationSizes activation_sizes(const Dims& d, const ShardCoord& c, std::int64_t B, std::int64_t T,
                                  bool has_head, bool sequence_parallel = false,
-                                 Recompute recompute = Recompute::none);
+                                 Recompute recompute = Recompute::none, bool has_embedding = false);
 
 }  // namespace ptrain::model
 

@@ -1,6 +1,7 @@
 #include "model/stage.hpp"
 
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.hpp"
@@ -100,13 +101,20 @@ template <class P>
 struct Stage<P>::Acts {
   InputActs<K::Vec<T>> in;
   std::vector<typename Block<P>::Acts> blocks;
-  typename Head<P>::Acts head;
+  typename Head<P>::Acts head;  // while the slot holds a head slot
   K::IntVec tokens, targets;
 };
 
 template <class P>
+struct Stage<P>::WeightGrads {
+  std::vector<typename Block<P>::WeightGrads> blocks;
+  InputWeightGrads<K::Vec<T>> in;
+};
+
+template <class P>
 Stage<P>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout,
-                int micro_batch, int slots, ParamStore<P>* store, Comm* tp, Comm* cp, Comm* ep)
+                int micro_batch, SlotCounts slots, ParamStore<P>* store, Comm* tp, Comm* cp,
+                Comm* ep)
     : dims_(dims_of(config)),
       coord_(coord),
       layout_(layout),
@@ -125,7 +133,8 @@ Stage<P>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
                  coord.tp, " ranks needs their tp group");
   PTRAIN_REQUIRE(coord.cp == 1 || (cp && cp->size() == coord.cp && cp->rank() == coord.c),
                  "model: context parallelism over ", coord.cp, " ranks needs their cp group");
-  PTRAIN_REQUIRE(slots >= 1, "model: a stage needs at least one activation slot");
+  PTRAIN_REQUIRE(slots.acts >= 1 && slots.head >= 1 && slots.weight >= 0,
+                 "model: a stage needs at least one activation slot");
   for (std::size_t i = 0; i < units_.size(); ++i) {
     if (units_[i].kind == Unit::embedding) u_emb_ = int(i);
     if (units_[i].kind == Unit::block && u_block0_ < 0) u_block0_ = int(i);
@@ -137,7 +146,11 @@ Stage<P>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
     own_store_ = std::make_unique<ResidentStore<P>>(layout_, layout_.numel);
     store_ = own_store_.get();
   }
-  sizes_ = activation_sizes(dims_, coord, micro_batch, S_, layout_.has_head, tp_.sp(), recompute_);
+  sizes_ = activation_sizes(dims_, coord, micro_batch, S_, layout_.has_head, tp_.sp(), recompute_,
+                            layout_.has_embedding);
+  bool dense = true;
+  for (int l = 0; l < layout_.n_layers; ++l) dense = dense && !is_moe(l);
+  can_split_ = slots.weight > 0 && dense && !(layout_.has_embedding && layout_.has_head);
   if (sizes_.recompute > 0)
     recomputed_ = TrackedView<T>(MemCategory::activations, "ptrain::recomputed_activations",
                                  std::size_t(sizes_.recompute));
@@ -146,17 +159,33 @@ Stage<P>::Stage(const Config& config, const ShardCoord& coord, const ChunkLayout
                                        std::size_t(sizes_.recompute_stats));
   const std::int64_t kept = sizes_.kept(layout_.n_layers),
                      kept_stats = sizes_.kept_stats(layout_.n_layers);
-  acts_ =
-      TrackedView<T>(MemCategory::activations, "ptrain::activations", std::size_t(kept * slots));
+  acts_ = TrackedView<T>(MemCategory::activations, "ptrain::activations",
+                         std::size_t(kept * slots.acts));
   stats_ = TrackedView<A>(MemCategory::activations, "ptrain::activation_statistics",
-                          std::size_t(kept_stats * slots));
+                          std::size_t(kept_stats * slots.acts));
+  if (layout_.has_head) {
+    head_acts_ = TrackedView<T>(MemCategory::activations, "ptrain::head_activations",
+                                std::size_t(sizes_.head * slots.head));
+    head_stats_ = TrackedView<A>(MemCategory::activations, "ptrain::head_statistics",
+                                 std::size_t(sizes_.head_stats * slots.head));
+    for (int k = slots.head - 1; k >= 0; --k) free_heads_.push_back(k);
+  }
+  if (can_split_) {
+    const std::int64_t L = layout_.n_layers;
+    if (sizes_.weight(L) > 0)
+      weight_acts_ = TrackedView<T>(MemCategory::activations, "ptrain::weight_gradient_inputs",
+                                    std::size_t(sizes_.weight(L) * slots.weight));
+    weight_sums_ = TrackedView<G>(MemCategory::activations, "ptrain::weight_gradient_sums",
+                                  std::size_t(sizes_.weight_grads(L) * slots.weight));
+    for (int k = slots.weight - 1; k >= 0; --k) free_weights_.push_back(k);
+  }
   scratch_ = TrackedView<T>(MemCategory::workspace, "ptrain::backward_scratch",
                             std::size_t(sizes_.scratch));
   if (sizes_.scratch_grads > 0)
     scratch_grads_ = TrackedView<G>(MemCategory::workspace, "ptrain::backward_scratch_grads",
                                     std::size_t(sizes_.scratch_grads));
   const std::size_t ids = std::size_t(micro_batch) * std::size_t(S_);
-  for (int k = 0; k < slots; ++k) {
+  for (int k = 0; k < slots.acts; ++k) {
     Slot s;
     s.offset = kept * k;
     s.stats_offset = kept_stats * k;
@@ -192,13 +221,44 @@ auto Stage<P>::carve(int slot, const Ctx& c) const -> Acts {
         Carver<P>{recomputed_.view(), recomputed_stats_.view()}.template take<BlockA>(redone);
     take_missing(a.blocks.back(), kept, work, redone);
   }
-  Carver<P> outside{slice(all, n * L, sizes_.outside),
-                    slice(all_stats, ns * L, sizes_.outside_stats)};
-  a.in = outside.template take<InputActs<K::Vec<T>>>(shape);
-  if (layout_.has_head) a.head = outside.template take<typename Head<P>::Acts>(shape);
+  a.in = Carver<P>{slice(all, n * L, sizes_.input)}.template take<InputActs<K::Vec<T>>>(shape);
+  if (s.head >= 0)
+    a.head = Carver<P>{slice(head_acts_.view(), sizes_.head * s.head, sizes_.head),
+                       slice(head_stats_.view(), sizes_.head_stats * s.head, sizes_.head_stats)}
+                 .template take<typename Head<P>::Acts>(shape);
   if (layout_.has_embedding) a.tokens = slice<int>(s.tokens, 0, c.BT);
   if (layout_.has_head) a.targets = slice<int>(s.targets, 0, c.BT);
   return a;
+}
+
+// The slot's W record: without recomputation the output gradients take the places of what
+// only B reads (model/activations.hpp), the LayerNorm sums always come from the record.
+template <class P>
+auto Stage<P>::carve_weight(int slot, const Ctx& c, const Acts& a) const -> WeightGrads {
+  const Slot& s = slots_.at(std::size_t(slot));
+  PTRAIN_REQUIRE(s.weight >= 0, "model: slot ", slot, " holds no W record (internal)");
+  const std::int64_t L = layout_.n_layers, n = sizes_.weight_per_layer,
+                     ng = sizes_.weight_per_layer_grads;
+  const K::Vec<T> values =
+      slice(weight_acts_.view(), sizes_.weight(L) * s.weight, sizes_.weight(L));
+  const K::Vec<G> sums = slice(weight_sums_.view(), sizes_.weight_grads(L) * s.weight, ng * L);
+  ActShape shape = act_shape(dims_, coord_, c.B, c.S, tp_.sp());
+  shape.recompute = recompute_;
+  WeightGrads w;
+  for (std::int64_t l = 0; l < L; ++l) {
+    using BW = typename Block<P>::WeightGrads;
+    BW b = Carver<P>{slice(values, n * l, n), {}, slice(sums, ng * l, ng)}.template take<BW>(shape);
+    if (recompute_ == Recompute::none) {
+      const auto& k = a.blocks[std::size_t(l)];
+      b.dqkv = k.qkv, b.dfch = k.mlp.fch, b.dres2 = k.res2, b.dres3 = k.res3;
+    }
+    w.blocks.push_back(b);
+  }
+  if (layout_.has_embedding)
+    w.in = recompute_ == Recompute::none ? InputWeightGrads<K::Vec<T>>{a.in.x}
+                                         : Carver<P>{slice(values, n * L, sizes_.weight_input)}
+                                               .template take<InputWeightGrads<K::Vec<T>>>(shape);
+  return w;
 }
 
 // The scratch of a dense or a MoE block: two carvings of one buffer, which agree on dres
@@ -223,7 +283,8 @@ K::Vec<V> Stage<P>::tensor(const K::Vec<V>& unit_view, int unit, const std::stri
 template <class P>
 Block<P> Stage<P>::block(int unit, const K::Vec<T>& w, const K::Vec<G>& g) const {
   const std::string h = cat("h.", units_[std::size_t(unit)].layer, ".");
-  auto p = [&](const char* n) { return tensor(w, unit, h + n); };
+  // Empty w: a weight-gradient pass without recomputation, which reads no parameter.
+  auto p = [&](const char* n) { return w.data() ? tensor(w, unit, h + n) : K::Vec<T>(); };
   auto d = [&](const char* n) { return g.data() ? tensor(g, unit, h + n) : K::Vec<G>(); };
   const int C = int(dims_.C), Cl = int(dims_.C / coord_.tp), Fl = int(dims_.F / coord_.tp);
   Block<P> b;
@@ -274,8 +335,9 @@ template <class P>
 Embedding<P> Stage<P>::embedding(const K::Vec<T>& w, const K::Vec<G>& g) const {
   const int Vl = int(dims_.Vpad / coord_.tp);
   auto d = [&](const char* n) { return g.data() ? tensor(g, u_emb_, n) : K::Vec<G>(); };
-  return {tensor(w, u_emb_, "wte.weight"),
-          tensor(w, u_emb_, "wpe.weight"),
+  auto p = [&](const char* n) { return w.data() ? tensor(w, u_emb_, n) : K::Vec<T>(); };
+  return {p("wte.weight"),
+          p("wpe.weight"),
           d("wte.weight"),
           d("wpe.weight"),
           int(dims_.C),
@@ -301,6 +363,7 @@ double Stage<P>::forward(int slot, const MicroBatch& mb, bool for_backward) {
                  " samples exceeds the allocated ", micro_batch_);
   Slot& s = slots_.at(std::size_t(slot));
   s.B = mb.B;
+  if (layout_.has_head && s.head < 0) s.head = take(free_heads_, "head slot");
   const Ctx c(tp_, mb.B, S_, &cp_);
   static_assert(sizeof(int) == sizeof(std::int32_t));
   if (layout_.has_embedding)
@@ -337,7 +400,33 @@ double Stage<P>::forward(int slot, const MicroBatch& mb, bool for_backward) {
   const double loss = head(w, {}, wte, {}).forward(c, x, a.head, a.targets);
   store_->release_params(u_head_);
   if (!for_backward && layout_.has_embedding) store_->release_params(u_emb_);
+  if (!for_backward) free_heads_.push_back(std::exchange(s.head, -1));
   return loss;
+}
+
+template <class P>
+int Stage<P>::take(std::vector<int>& free, const char* what) {
+  PTRAIN_REQUIRE(!free.empty(), "model: no free ", what,
+                 " (the schedule keeps more micro-batches than checked)");
+  const int k = free.back();
+  free.pop_back();
+  return k;
+}
+
+// The head's whole backward (its weight gradients too): dloss in, d(input) in g.dres.
+template <class P>
+void Stage<P>::head_backward(const Ctx& c, const Acts& a, const typename Block<P>::Grads& g,
+                             A dloss, const K::Vec<T>& emb, const K::Vec<G>& demb) {
+  const K::Vec<T> w = store_->params(u_head_, Phase::backward);
+  const K::Vec<G> dw = store_->grads(u_head_);
+  const K::Vec<T> wte = tensor(emb.data() ? emb : w, wte_unit(), "wte.weight");
+  const K::Vec<G> dwte = tensor(demb.data() ? demb : dw, wte_unit(), "wte.weight");
+  const K::Vec<T> rows = tp_.sp() ? slice(g.dfull, 0, c.R * dims_.C) : g.dln;
+  const K::Vec<T> x =
+      layout_.n_layers > 0 ? a.blocks[std::size_t(layout_.n_layers - 1)].res3 : a.in.x;
+  head(w, dw, wte, dwte).backward(c, x, a.head, a.targets, dloss, g.dres, g.dln, rows, g.dnorm);
+  store_->release_params(u_head_);
+  store_->grads_done(u_head_);
 }
 
 template <class P>
@@ -359,16 +448,8 @@ void Stage<P>::backward(int slot, A dloss, K::CVec<T> dout) {
     demb = store_->grads(u_emb_);
   }
   if (layout_.has_head) {
-    const K::Vec<T> w = store_->params(u_head_, Phase::backward);
-    const K::Vec<G> dw = store_->grads(u_head_);
-    const K::Vec<T> wte = tensor(emb.data() ? emb : w, wte_unit(), "wte.weight");
-    const K::Vec<G> dwte = tensor(demb.data() ? demb : dw, wte_unit(), "wte.weight");
-    const K::Vec<T> rows = tp_.sp() ? slice(g.dfull, 0, c.R * dims_.C) : g.dln;
-    head(w, dw, wte, dwte)
-        .backward(c, block_input(layout_.n_layers), a.head, a.targets, dloss, g.dres, g.dln, rows,
-                  g.dnorm);
-    store_->release_params(u_head_);
-    store_->grads_done(u_head_);
+    head_backward(c, a, g, dloss, emb, demb);
+    free_heads_.push_back(std::exchange(slots_[std::size_t(slot)].head, -1));
   } else {
     K::copy<T>(g.dres, dout);
   }
@@ -385,6 +466,65 @@ void Stage<P>::backward(int slot, A dloss, K::CVec<T> dout) {
   embedding(emb, demb).backward(c, a.tokens, g.dres, g.dfull);
   store_->release_params(u_emb_);
   store_->grads_done(u_emb_);
+}
+
+template <class P>
+void Stage<P>::backward_input(int slot, A dloss, K::CVec<T> dout) {
+  PTRAIN_REQUIRE(can_split_, "model: this stage does not split its backward (internal)");
+  Slot& s = slots_.at(std::size_t(slot));
+  const Ctx c(tp_, s.B, S_, &cp_);
+  last_B_ = s.B;
+  s.weight = take(free_weights_, "W record");
+  const Acts a = carve(slot, c);
+  const WeightGrads w = carve_weight(slot, c, a);
+  const auto g = carve_scratch(c);
+  const auto block_input = [&](std::int64_t l) {
+    return l == 0 ? a.in.x : a.blocks[std::size_t(l - 1)].res3;
+  };
+  if (layout_.has_head) {
+    head_backward(c, a, g, dloss, {}, {});
+    free_heads_.push_back(std::exchange(s.head, -1));
+  } else {
+    K::copy<T>(g.dres, dout);
+  }
+  // No gradient is touched: each block's parameters only (ZeRO 3 gathers them).
+  for (int l = int(layout_.n_layers) - 1; l >= 0; --l) {
+    const int unit = u_block0_ + l;
+    Block<P> b = block(unit, store_->params(unit, Phase::backward), {});
+    b.recompute(c, block_input(l), a.blocks[std::size_t(l)], recompute_, rerun_partial(c));
+    b.backward_input(c, block_input(l), a.blocks[std::size_t(l)], g, w.blocks[std::size_t(l)]);
+    store_->release_params(unit);
+  }
+  // d(input) for the embedding's W: in its place without recomputation (block 0 read it last).
+  if (layout_.has_embedding) K::copy<T>(w.in.dx, g.dres);
+}
+
+template <class P>
+void Stage<P>::backward_weight(int slot) {
+  Slot& s = slots_.at(std::size_t(slot));
+  const Ctx c(tp_, s.B, S_, &cp_);
+  const Acts a = carve(slot, c);
+  const WeightGrads w = carve_weight(slot, c, a);
+  const auto g = carve_scratch(c);
+  for (int l = int(layout_.n_layers) - 1; l >= 0; --l) {
+    const int unit = u_block0_ + l;
+    // With recomputation W reruns it (B's workspace is gone): that reads the parameters.
+    const bool rerun = recompute_ != Recompute::none;
+    Block<P> b = block(unit, rerun ? store_->params(unit, Phase::backward) : K::Vec<T>(),
+                       store_->grads(unit));
+    if (rerun) {
+      b.recompute(c, l == 0 ? a.in.x : a.blocks[std::size_t(l - 1)].res3, a.blocks[std::size_t(l)],
+                  recompute_, rerun_partial(c));
+      store_->release_params(unit);
+    }
+    b.backward_weight(c, a.blocks[std::size_t(l)], g, w.blocks[std::size_t(l)]);
+    store_->grads_done(unit);
+  }
+  if (layout_.has_embedding) {
+    embedding({}, store_->grads(u_emb_)).backward(c, a.tokens, w.in.dx, g.dfull);
+    store_->grads_done(u_emb_);
+  }
+  free_weights_.push_back(std::exchange(s.weight, -1));
 }
 
 // The tp partial sums of a forward rerun in the backward (full recomputation): the end of

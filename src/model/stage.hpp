@@ -1,8 +1,8 @@
 // model/stage.hpp — one model chunk on one rank (a pipeline stage, or one virtual stage of
 // it): its layers (the embedding and/or the head when the chunk has them), parameters and
-// gradients reached unit by unit through a ParamStore, and activation caches for `slots`
-// micro-batches in flight. Today's runs (no pipeline) are one stage with one slot; a
-// pipeline schedule keeps as many slots as it has micro-batches in flight.
+// gradients reached unit by unit through a ParamStore, and activation caches for the
+// micro-batches in flight. Runs without a pipeline are one stage with one slot; a pipeline
+// schedule keeps as many slots as it has micro-batches in flight (model::SlotCounts).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -81,15 +81,20 @@ class Stage {
   // when null, in a resident store the stage owns. With coord.tp > 1 the stage is this
   // rank's tensor-parallel shard and `tp` the group it reduces over. With coord.cp > 1 it
   // holds coord.c's share of each sequence (inputs, targets and activations are of
-  // seq_len / C positions) and `cp` is the ring its attention runs on.
+  // seq_len / C positions) and `cp` is the ring its attention runs on. `slots`: the activation
+  // slots (one per micro-batch from its forward to its weight gradient), the head's (to its
+  // input gradient) and the W records of split backwards (from B to W).
   Stage(const Config& config, const ShardCoord& coord, const ChunkLayout& layout, int micro_batch,
-        int slots = 1, ParamStore<P>* store = nullptr, Comm* tp = nullptr, Comm* cp = nullptr,
-        Comm* ep = nullptr);
+        SlotCounts slots = 1, ParamStore<P>* store = nullptr, Comm* tp = nullptr,
+        Comm* cp = nullptr, Comm* ep = nullptr);
 
   const Dims& dims() const { return dims_; }
   const ChunkLayout& layout() const { return layout_; }
   const std::vector<Unit>& units() const { return units_; }
   int slots() const { return int(slots_.size()); }
+  // Whether backward_input/backward_weight can run here: W records, dense blocks only, and
+  // not the chunk with both ends (the tied head's wte gradient is the embedding unit's).
+  bool splits() const { return can_split_; }
   const ContextParallel& context_parallel() const { return cp_; }
   // The whole buffers and one tensor's view in them; only with the resident store.
   kernels::Vec<T> params() const;
@@ -109,6 +114,14 @@ class Stage {
   // dloss * (sum of token losses) on the last stage, else of dout (R, C) on its output.
   // A stage without the embedding leaves d(input) in input_grad().
   void backward(int slot, A dloss, kernels::CVec<T> dout = {});
+  // The same backward in two steps (zero-bubble schedules). backward_input: the input
+  // gradient (B), leaving input_grad() as backward does, and the head's gradients (its
+  // logits are too large to keep for W); it keeps in a W record what the weight gradient
+  // needs. backward_weight: the blocks' parameter gradients (W) and the embedding's, each
+  // unit's grads() opened and grads_done() here, in backward order. A slot's W follows its B;
+  // a chunk runs its Ws in micro-batch order, as its Bs.
+  void backward_input(int slot, A dloss, kernels::CVec<T> dout = {});
+  void backward_weight(int slot);
 
   kernels::Vec<T> input(int slot, int B) const;  // (R, C) for a micro-batch of B samples
   kernels::Vec<T> output(int slot) const;        // (R, C) of the slot's micro-batch
@@ -125,15 +138,18 @@ class Stage {
   std::vector<MoeStats> take_moe_stats();
 
  private:
-  struct Acts;  // one slot's activations, carved for its micro-batch
+  struct Acts;         // one slot's activations, carved for its micro-batch
+  struct WeightGrads;  // one W record, carved for it
   struct Slot {
     std::int64_t offset = 0;             // of its activations in acts_
     std::int64_t stats_offset = 0;       // of their statistics in stats_
     Kokkos::View<int*> tokens, targets;  // (micro_batch, S), on the first / last stage
     int B = 0;                           // samples of the micro-batch now in the slot
+    int head = -1, weight = -1;          // its head slot and W record while it holds them
     std::vector<Routing> routing;        // per block: its MoE routing (MoE blocks only)
   };
   Acts carve(int slot, const Ctx& c) const;
+  WeightGrads carve_weight(int slot, const Ctx& c, const Acts& a) const;
   typename Block<P>::Grads carve_scratch(const Ctx& c, bool moe = false) const;
   template <class V>
   kernels::Vec<V> tensor(const kernels::Vec<V>& unit_view, int unit, const std::string& name) const;
@@ -143,6 +159,9 @@ class Stage {
   void count_moe(int l, const Routing& r);
   kernels::Vec<T> rerun_partial(const Ctx& c) const;
   Embedding<P> embedding(const kernels::Vec<T>& w, const kernels::Vec<G>& g) const;
+  void head_backward(const Ctx& c, const Acts& a, const typename Block<P>::Grads& g, A dloss,
+                     const kernels::Vec<T>& emb, const kernels::Vec<G>& demb);
+  static int take(std::vector<int>& free, const char* what);
   Head<P> head(const kernels::Vec<T>& w, const kernels::Vec<G>& g, const kernels::Vec<T>& wte,
                const kernels::Vec<G>& dwte) const;
   ResidentStore<P>& resident() const;
@@ -165,7 +184,12 @@ class Stage {
   std::unique_ptr<ResidentStore<P>> own_store_;
   ParamStore<P>* store_ = nullptr;
   std::vector<Slot> slots_;
+  std::vector<int> free_heads_, free_weights_;
+  bool can_split_ = false;
   TrackedView<T> acts_, scratch_;            // every slot's activations; the backward's scratch
+  TrackedView<T> head_acts_, weight_acts_;   // the head slots; the W records
+  TrackedView<A> head_stats_;                // the head slots' statistics
+  TrackedView<G> weight_sums_;               // the W records' LayerNorm parameter sums
   TrackedView<T> recomputed_;                // one block's recomputed activations (train%recompute)
   TrackedView<A> stats_, recomputed_stats_;  // their statistics, in the accumulate type
   TrackedView<G> scratch_grads_;             // the backward's LayerNorm gradient scratch

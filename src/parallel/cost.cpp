@@ -77,6 +77,7 @@ Shapes shapes_of(const Config& config) {
 // Forward, backward and recompute seconds of one block, and its attention forward.
 struct BlockSeconds {
   double forward = 0, backward = 0, selective = 0, attention = 0, flops = 0;
+  double weight = 0;  // of backward: the weight gradients (a zero-bubble schedule's W)
 };
 
 BlockSeconds block_seconds(const Config& config, const Machine& m, const Shapes& s, bool moe) {
@@ -85,8 +86,10 @@ BlockSeconds block_seconds(const Config& config, const Machine& m, const Shapes&
   auto gemm = [&](double M, double N, double K) { return m.gemm_seconds(s.p, M, N, K); };
   // A linear layer (rows, out, in): forward, and backward's two gemms and its bias sum.
   auto linear = [&](double rows, double out, double in, double& fwd, double& bwd) {
-    fwd += gemm(rows, out, in) + 2 * rows * out * s.w / m.elementwise;  // + bias
-    bwd += gemm(rows, in, out) + gemm(out, in, rows) + rows * out * s.w / m.elementwise;
+    fwd += gemm(rows, out, in) + 2 * rows * out * s.w / m.elementwise;        // + bias
+    const double w = gemm(out, in, rows) + rows * out * s.w / m.elementwise;  // dW, bias
+    bwd += gemm(rows, in, out) + w;
+    b.weight += w;
     b.flops += 2 * rows * out * in;
   };
   const double bytes = s.w / m.elementwise;
@@ -195,15 +198,32 @@ double ring_steps(const Config& config, GroupKind g, double bytes, double m, dou
 
 // ---- the pipeline --------------------------------------------------------------------------
 
-// Per-rank op times of every forward and backward along each rank's list.
+// Per-rank op times of every compute along each rank's list: a forward tf, a backward tb, a
+// split backward's W tw and its B the rest.
 std::vector<std::vector<double>> op_seconds(const std::vector<OpList>& lists,
                                             const std::vector<std::vector<double>>& tf,
-                                            const std::vector<std::vector<double>>& tb) {
+                                            const std::vector<std::vector<double>>& tb,
+                                            const std::vector<std::vector<double>>& tw) {
   std::vector<std::vector<double>> out(lists.size());
   for (std::size_t r = 0; r < lists.size(); ++r)
     for (const Op& op : lists[r]) {
-      if (op.kind == OpKind::forward) out[r].push_back(tf[r][std::size_t(op.chunk)]);
-      if (op.kind == OpKind::backward) out[r].push_back(tb[r][std::size_t(op.chunk)]);
+      const auto c = std::size_t(op.chunk);
+      switch (op.kind) {
+        case OpKind::forward:
+          out[r].push_back(tf[r][c]);
+          break;
+        case OpKind::backward:
+          out[r].push_back(tb[r][c]);
+          break;
+        case OpKind::backward_input:
+          out[r].push_back(tb[r][c] - tw[r][c]);
+          break;
+        case OpKind::backward_weight:
+          out[r].push_back(tw[r][c]);
+          break;
+        default:
+          break;
+      }
     }
   return out;
 }
@@ -312,6 +332,7 @@ ChunkCompute chunk_compute(const Config& config, const Machine& m, int p, int ch
   for (std::int64_t l = ch.first_layer; l < ch.first_layer + ch.n_layers; ++l) {
     const BlockSeconds b = block_seconds(config, m, s, d.is_moe_layer(l));
     c.forward += b.forward, c.backward += b.backward, c.attention_forward += b.attention;
+    c.weight += b.weight;
     c.gemm_flops += b.flops;
     c.recompute += recompute == model::Recompute::full        ? b.forward
                    : recompute == model::Recompute::selective ? b.selective
@@ -332,6 +353,7 @@ ChunkCompute chunk_compute(const Config& config, const Machine& m, int p, int ch
   c.attention_forward *= m.forward_factor;
   c.recompute *= m.forward_factor;
   c.backward *= m.backward_factor;
+  c.weight *= m.backward_factor;
   return c;
 }
 
@@ -486,7 +508,7 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ma
   std::vector<double> share(stages, all_busy);
   double makespan = 0, waiting = 0;
   auto run_schedule = [&] {
-    std::vector<std::vector<double>> tf(stages), tb(stages);
+    std::vector<std::vector<double>> tf(stages), tb(stages), tw(stages);
     for (int p = 0; p < P; ++p) {
       const StageCost& st = stage[std::size_t(p)];
       const double x = share[std::size_t(p)];
@@ -494,9 +516,11 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ma
       for (const ChunkCompute& k : st.chunks) {
         tf[std::size_t(p)].push_back(x * k.forward + part * st.in_op / 2 + st.pp_message +
                                      (par.zero == 3 ? part * st.dp_in_op / 2 : 0.0));
+        // A split backward's W: the weight gradients and the reduction that follows them.
+        const double dp_in_backward = part * st.dp_in_op * (par.zero == 3 ? 0.5 : 1.0);
         tb[std::size_t(p)].push_back(x * (k.backward + k.recompute) + part * st.in_op / 2 +
-                                     st.pp_message +
-                                     part * st.dp_in_op * (par.zero == 3 ? 0.5 : 1.0));
+                                     st.pp_message + dp_in_backward);
+        tw[std::size_t(p)].push_back(x * k.weight + dp_in_backward);
       }
     }
     makespan = waiting = 0;
@@ -505,7 +529,8 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ma
     } else if (double(P) * mb * double(v) * 2 <= kSimulatedComputes) {
       const ScheduleKind kind = schedule_kind(par.pp_schedule);
       const auto lists = make_schedule(kind, P, int(mb), v);
-      const ScheduleTiming t = simulate_schedule(lists, P, int(mb), v, op_seconds(lists, tf, tb));
+      const ScheduleTiming t =
+          simulate_schedule(lists, pipeline_of(kind, P, int(mb), v), op_seconds(lists, tf, tb, tw));
       makespan = t.makespan;
       for (double w : t.waiting) waiting = std::max(waiting, w);
     } else {
@@ -636,9 +661,11 @@ Config balanced_split(const Config& config, const Machine& m) {
     const ChunkCompute k = chunk_compute(probe, m, p, c);
     return k.forward + k.backward + k.recompute;
   };
-  const int P = int(par.pp), v = int(par.virtual_stages);
+  const int P = int(par.pp);
+  const bool v_shape = v_shaped(schedule_kind(par.pp_schedule));
+  const model::ChunkPlace head = model::chunk_place(P, v_shape, chunks - 1);
   const double first = whole(0, 0) - layer[0] * double(L - (chunks - 1));
-  const double last_chunk = whole(P - 1, v - 1) - layer[std::size_t(L - 1)];
+  const double last_chunk = whole(head.rank, head.chunk) - layer[std::size_t(L - 1)];
   // Chunk k's cost with layers [a, b): its layers, plus the ends it holds.
   std::vector<double> prefix(std::size_t(L) + 1, 0.0);
   for (int l = 0; l < L; ++l)

@@ -81,7 +81,8 @@ std::string describe_machine(const Machine& m);
 struct ChunkCompute {
   double forward = 0, backward = 0, recompute = 0;  // recompute: run inside the backward
   double attention_forward = 0;                     // of forward: what cp's ring hides behind
-  double gemm_flops = 0;                            // forward gemm FLOPs, for reports
+  double weight = 0;      // of backward: the weight gradients (a zero-bubble schedule's W)
+  double gemm_flops = 0;  // forward gemm FLOPs, for reports
 };
 
 struct GroupCost {

@@ -688,25 +688,50 @@ double DataParallel<P>::owned_grad_sum_of_squares() {
 }
 
 template <class P>
-void DataParallel<P>::sum_tied_embedding(Comm& ends) {
-  const model::TensorSpec* wte = nullptr;
-  for (const auto& t : layout_.tensors)
-    if (t.name == "wte.weight") wte = &t;
-  if (!wte || (layout_.has_embedding && layout_.has_head)) return;
+void DataParallel<P>::sum_tied_embedding(Comm& ends, DataParallel* other) {
+  const model::TensorSpec* wte = tied_wte();
+  if (!wte) return;
   // The whole tensor, zero but for this rank's shard of it; summed over both ends' shards.
   // Allocated at the first step and kept: it is needed every step.
   if (tied_sum_.size() != std::size_t(wte->numel))
     tied_sum_ = TrackedView<G>(MemCategory::comm, "ptrain::tied_wte", std::size_t(wte->numel));
   auto whole = tied_sum_.view();
   K::fill(whole, G(0));
+  add_owned_wte(whole, false);
+  if (other) other->add_owned_wte(whole, true);
+  ends.all_reduce_sum(whole.data(), std::size_t(wte->numel)).wait();
+  take_tied_wte(whole);
+  if (other) other->take_tied_wte(whole);
+}
+
+template <class P>
+const model::TensorSpec* DataParallel<P>::tied_wte() const {
+  if (layout_.has_embedding && layout_.has_head) return nullptr;
+  for (const auto& t : layout_.tensors)
+    if (t.name == "wte.weight") return &t;
+  return nullptr;
+}
+
+template <class P>
+void DataParallel<P>::add_owned_wte(const K::Vec<G>& whole, bool add) {
+  const model::TensorSpec* wte = tied_wte();
+  if (!wte || replica() != 0) return;  // zero_scope = 'node': one replica of each shard adds it
   const std::int64_t lo = wte->offset, hi = wte->offset + wte->numel;
   for (const auto& p : map_.owned) {
-    if (replica() != 0) break;  // zero_scope = 'node': one replica of each shard adds it
     const std::int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
-    if (a < b) K::copy<G>(slice(whole, a - lo, b - lo), grads_of(p, a, b));
+    if (a >= b) continue;
+    if (add)
+      K::axpy<G>(slice(whole, a - lo, b - lo), 1, grads_of(p, a, b));
+    else
+      K::copy<G>(slice(whole, a - lo, b - lo), grads_of(p, a, b));
   }
-  ends.all_reduce_sum(whole.data(), std::size_t(wte->numel)).wait();
+}
+
+template <class P>
+void DataParallel<P>::take_tied_wte(const K::Vec<G>& whole) {
+  const model::TensorSpec* wte = tied_wte();
   // What this rank updates: all of wte under ZeRO 0, its shard otherwise.
+  const std::int64_t lo = wte->offset, hi = wte->offset + wte->numel;
   for (const auto& p : update_pieces_) {
     const std::int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
     if (a < b) K::copy<G>(grads_of(p, a, b), slice(whole, a - lo, b - lo));

@@ -165,8 +165,10 @@ class DataParallel {
   // Pipeline with a tied LM head: adds the other end's gradient of wte (after
   // finish_gradients). `ends` holds the dense-grad groups of the first and the last stage
   // with this tp rank; each rank contributes its shard of wte, every rank takes back what it
-  // updates. No-op for a chunk without wte.
-  void sum_tied_embedding(Comm& ends);
+  // updates. No-op for a chunk without wte. With both ends on this rank (zb-v's V placement),
+  // `other` is the chunk with the head: both chunks' shards are summed over `ends` (the
+  // dense-grad group) at once and both take back what they update.
+  void sum_tied_embedding(Comm& ends, DataParallel* other = nullptr);
   // Index in layout().tensors of the first tensor with a NaN or infinite gradient in the
   // range this rank owns, or -1 (local: no communication).
   int first_nonfinite_grad();
@@ -198,6 +200,12 @@ class DataParallel {
   kernels::Vec<G> grads_of(const Piece& p, std::int64_t a, std::int64_t b);
   // The compute weights of the update range (the masters themselves when uniform).
   kernels::Vec<T> update_compute();
+  // sum_tied_embedding's parts: wte of a chunk with one end of the tied pair (null
+  // otherwise); its owned gradient into the whole-tensor sum (copied, or added); its update
+  // range's gradient back from it.
+  const model::TensorSpec* tied_wte() const;
+  void add_owned_wte(const kernels::Vec<G>& whole, bool add);
+  void take_tied_wte(const kernels::Vec<G>& whole);
   Comm& group_;
   Comm& shards_;              // what ZeRO shards over: group_, or its ranks on this node
   Comm* replicas_ = nullptr;  // zero_scope = 'node' across more than one node

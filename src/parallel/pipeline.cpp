@@ -20,34 +20,48 @@ K::Vec<T> head_of(const K::Vec<T>& v, std::int64_t n) {
   return Kokkos::subview(v, Kokkos::make_pair(std::int64_t(0), n));
 }
 
-// A forward or backward as a run%trace event: "F3" / "B3" (".1" for chunk 1 of several).
-void trace_op(bool backward, int mb, int chunk, int chunks, double t0) {
+// A compute as a run%trace event: "F3" forward, "B3" backward (whole, or a split one's B),
+// "W3" weight (".1" for chunk 1 of several).
+void trace_op(OpKind kind, int mb, int chunk, int chunks, double t0) {
   if (!trace::enabled()) return;
   Kokkos::fence();
-  trace::record(cat(backward ? "B" : "F", mb, chunks > 1 ? cat(".", chunk) : std::string()),
-                backward ? "backward" : "forward", t0, wall_seconds());
+  const bool f = kind == OpKind::forward, w = kind == OpKind::backward_weight;
+  trace::record(cat(f   ? "F"
+                    : w ? "W"
+                        : "B",
+                    mb, chunks > 1 ? cat(".", chunk) : std::string()),
+                f   ? "forward"
+                : w ? "weight"
+                    : "backward",
+                t0, wall_seconds());
 }
 
 }  // namespace
 
 template <class P>
 PipelineExecutor<P>::PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpList ops,
-                                      int micro_batch)
+                                      int micro_batch, bool v_shape)
     : pp_(pp),
       chunks_(std::move(chunks)),
       ops_(std::move(ops)),
       P_(pp.size()),
       rank_(pp.rank()),
-      micro_batch_(micro_batch) {
+      micro_batch_(micro_batch),
+      v_shape_(v_shape) {
   const int v = int(chunks_.size());
   int m = 0;
   for (const Op& op : ops_) m = std::max(m, op.mb + 1);
   slot_of_.assign(std::size_t(v), std::vector<int>(std::size_t(m), -1));
   free_slots_.resize(std::size_t(v));
-  // Each chunk's last backward of the step: its data-parallel engine reduces from there on.
-  last_backward_.assign(std::size_t(v), -1);
-  for (std::size_t i = 0; i < ops_.size(); ++i)
-    if (ops_[i].kind == OpKind::backward) last_backward_[std::size_t(ops_[i].chunk)] = int(i);
+  last_input_.assign(std::size_t(v), -1);
+  last_weight_.assign(std::size_t(v), -1);
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    const OpKind k = ops_[i].kind;
+    if (k == OpKind::backward || k == OpKind::backward_input)
+      last_input_[std::size_t(ops_[i].chunk)] = int(i);
+    if (k == OpKind::backward || k == OpKind::backward_weight)
+      last_weight_[std::size_t(ops_[i].chunk)] = int(i);
+  }
   for (int c = 0; c < v; ++c)
     for (int s = chunks_[std::size_t(c)].stage->slots() - 1; s >= 0; --s)
       free_slots_[std::size_t(c)].push_back(s);
@@ -113,7 +127,7 @@ void PipelineExecutor<P>::release_slot(int chunk, int mb) {
 template <class P>
 void PipelineExecutor<P>::send(bool grad, int mb, int chunk, int peer, const K::Vec<T>& data) {
   // The receiving chunk: the next global chunk for an activation, the previous for a gradient.
-  const int to = (global(chunk) + (grad ? -1 : 1)) / P_;
+  const int to = place(global(chunk) + (grad ? -1 : 1)).chunk;
   Message msg;
   msg.buffer = take_buffer();
   auto buf = head_of(buffers_[std::size_t(msg.buffer)].view(), std::int64_t(data.extent(0)));
@@ -159,9 +173,35 @@ void PipelineExecutor<P>::forward(int mb, int chunk, const MicroBatches& mbs, bo
     std::this_thread::sleep_for(std::chrono::duration<double>(slow_down_ * (wall_seconds() - t0)));
   seconds_.forward += wall_seconds() - t0;
   seconds_.forward_blocked += exposed_seconds() - blocked;
-  trace_op(false, mb, chunk, int(chunks_.size()), t0);
+  trace_op(OpKind::forward, mb, chunk, int(chunks_.size()), t0);
   if (std::size_t(mb) >= losses_.size()) losses_.resize(std::size_t(mb) + 1, 0.0);
   losses_[std::size_t(mb)] += loss;
+}
+
+template <class P>
+void PipelineExecutor<P>::backward(std::size_t i, const MicroBatches& mbs, A dloss) {
+  const Op& op = ops_[i];
+  Chunk& ch = chunks_[std::size_t(op.chunk)];
+  const int slot = slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)];
+  const bool weight = op.kind == OpKind::backward_weight;
+  // A W reads no message; a backward or B its d(output), except on the last stage.
+  const bool dout_message = !weight && global(op.chunk) < last_global();
+  K::CVec<T> dout;
+  if (dout_message) dout = wait_recv(true, op.mb, op.chunk, mbs.samples(op.mb));
+  const int last = op.kind == OpKind::backward_input ? last_input_[std::size_t(op.chunk)]
+                                                     : last_weight_[std::size_t(op.chunk)];
+  ch.dp->begin_micro_batch(int(i) == last);
+  const double t0 = wall_seconds(), blocked = exposed_seconds();
+  if (op.kind == OpKind::backward) ch.stage->backward(slot, dloss, dout);
+  if (op.kind == OpKind::backward_input) ch.stage->backward_input(slot, dloss, dout);
+  if (weight) ch.stage->backward_weight(slot);
+  Kokkos::fence();
+  seconds_.backward += wall_seconds() - t0;
+  seconds_.backward_blocked += exposed_seconds() - blocked;
+  trace_op(op.kind, op.mb, op.chunk, int(chunks_.size()), t0);
+  if (dout_message) release_recv(true, op.mb, op.chunk);
+  // The micro-batch's activations are done with its weight gradient.
+  if (op.kind != OpKind::backward_input) release_slot(op.chunk, op.mb);
 }
 
 template <class P>
@@ -202,23 +242,12 @@ double PipelineExecutor<P>::train(const MicroBatches& mbs, A dloss) {
         send(false, op.mb, op.chunk, op.peer, chunks_[std::size_t(op.chunk)].stage->output(slot));
         break;
       }
-      case OpKind::backward: {
-        Chunk& ch = chunks_[std::size_t(op.chunk)];
-        const int slot = slot_of_[std::size_t(op.chunk)][std::size_t(op.mb)];
-        K::CVec<T> dout;
-        if (global(op.chunk) < last_global()) dout = wait_recv(true, op.mb, op.chunk, B);
-        ch.dp->begin_micro_batch(int(i) == last_backward_[std::size_t(op.chunk)]);
-        const double t0 = wall_seconds(), blocked = exposed_seconds();
-        ch.stage->backward(slot, dloss, dout);
-        Kokkos::fence();
-        seconds_.backward += wall_seconds() - t0;
-        seconds_.backward_blocked += exposed_seconds() - blocked;
-        trace_op(true, op.mb, op.chunk, int(chunks_.size()), t0);
-        if (global(op.chunk) < last_global()) release_recv(true, op.mb, op.chunk);
-        release_slot(op.chunk, op.mb);
+      case OpKind::backward:
+      case OpKind::backward_input:
+      case OpKind::backward_weight:
+        backward(i, mbs, dloss);
         compute_done();
         break;
-      }
       case OpKind::send_grad:
         send(true, op.mb, op.chunk, op.peer, chunks_[std::size_t(op.chunk)].stage->input_grad());
         break;
@@ -239,11 +268,11 @@ std::vector<double> PipelineExecutor<P>::forward_only(const MicroBatches& mbs) {
   for (int mb = 0; mb < mbs.count; ++mb)
     for (int c = 0; c < v; ++c) {
       const int g = global(c), B = mbs.samples(mb);
-      if (g > 0) post_recv(false, mb, c, (g - 1) % P_, B);
+      if (g > 0) post_recv(false, mb, c, place(g - 1).rank, B);
       forward(mb, c, mbs, false);
       if (g < last_global()) {
         const int slot = slot_of_[std::size_t(c)][std::size_t(mb)];
-        send(false, mb, c, (g + 1) % P_, chunks_[std::size_t(c)].stage->output(slot));
+        send(false, mb, c, place(g + 1).rank, chunks_[std::size_t(c)].stage->output(slot));
       }
       release_slot(c, mb);
       reap_sends(false);

@@ -36,11 +36,13 @@ class PipelineExecutor {
   PTRAIN_POLICY_TYPES(P);
   struct Chunk {
     model::Stage<P>* stage = nullptr;
-    DataParallel<P>* dp = nullptr;  // told before each chunk's last backward of the step
+    DataParallel<P>* dp = nullptr;  // told before each backward, B and W whether it is the last
   };
-  // `pp`: the pipeline group (rank = stage); `chunks[c]` holds global chunk c*P + rank;
-  // `ops`: this rank's list for m micro-batches. Message buffers are sized for `micro_batch`.
-  PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpList ops, int micro_batch);
+  // `pp`: the pipeline group (rank = stage); `chunks[c]` holds global chunk
+  // model::global_chunk(P, v_shape, rank, c); `ops`: this rank's list for m micro-batches.
+  // Message buffers are sized for `micro_batch`.
+  PipelineExecutor(Comm& pp, std::vector<Chunk> chunks, OpList ops, int micro_batch,
+                   bool v_shape = false);
 
   // One training step's forwards and backwards. Returns the sum of the token losses this
   // rank computed (the last stage's; 0 elsewhere). dloss is d(mean loss)/d(token loss).
@@ -49,9 +51,9 @@ class PipelineExecutor {
   // token-loss sum of each micro-batch (the last stage's; 0 elsewhere).
   std::vector<double> forward_only(const MicroBatches& mbs);
 
-  // Seconds in forwards and in backwards since the last call (waits for pipeline messages
-  // excluded), and how much of each was spent blocked on other Comms inside them (tp, cp and
-  // ep collectives, ZeRO 3 gathers): the difference is what the rank computed.
+  // Seconds in forwards and in backwards (B and W included) since the last call (waits for
+  // pipeline messages excluded), and how much of each was spent blocked on other Comms inside
+  // them (tp, cp and ep collectives, ZeRO 3 gathers): the difference is what the rank computed.
   struct ComputeSeconds {
     double forward = 0, backward = 0;
     double forward_blocked = 0, backward_blocked = 0;
@@ -60,7 +62,8 @@ class PipelineExecutor {
   // run%debug_slow_rank: after each forward this rank sleeps `factor` times as long as the
   // forward took, counted as forward time (the straggler test).
   void slow_down(double factor) { slow_down_ = factor; }
-  // The last train()'s computes in list order (2*m*v): each one's wall time since the
+  // The last train()'s computes in list order (forwards, backwards, Bs and Ws): each one's
+  // wall time since the
   // previous compute ended (the first: since train() began) less the waits on the pp group
   // in it, so message copies and posts count with the compute they lead to. What the
   // schedule simulator replays to model this step's bubble.
@@ -75,7 +78,8 @@ class PipelineExecutor {
     int buffer = -1;
     Request request;
   };
-  int global(int chunk) const { return chunk * P_ + rank_; }
+  int global(int chunk) const { return model::global_chunk(P_, v_shape_, rank_, chunk); }
+  model::ChunkPlace place(int g) const { return model::chunk_place(P_, v_shape_, g); }
   int last_global() const { return int(chunks_.size()) * P_ - 1; }
   std::int64_t elements(int samples) const;  // of one activation message
   int tag(bool grad, int mb, int receiver_chunk) const;
@@ -87,15 +91,20 @@ class PipelineExecutor {
   void send(bool grad, int mb, int chunk, int peer, const kernels::Vec<T>& data);
   void reap_sends(bool all);
   void forward(int mb, int chunk, const MicroBatches& mbs, bool for_backward);
+  // A backward, B or W of op i: the data-parallel engine told whether it is the chunk's last.
+  void backward(std::size_t i, const MicroBatches& mbs, A dloss);
 
   Comm& pp_;
   std::vector<Chunk> chunks_;
   OpList ops_;
   int P_ = 1, rank_ = 0, micro_batch_ = 0;
+  bool v_shape_ = false;
   std::vector<std::vector<int>> slot_of_;     // [chunk][mb] -> activation slot, -1: none
   std::vector<std::vector<int>> free_slots_;  // per chunk
-  std::vector<int> last_backward_;            // per chunk, its last backward's op index
-  std::vector<TrackedView<T>> buffers_;       // message buffers, reused
+  // Per chunk, the op index of its last input gradient (backward or B) and of its last
+  // weight gradient (backward or W): its data-parallel engine reduces from there on.
+  std::vector<int> last_input_, last_weight_;
+  std::vector<TrackedView<T>> buffers_;  // message buffers, reused
   std::vector<int> free_buffers_;
   std::map<int, Message> recvs_;  // by tag
   std::vector<Message> sends_;

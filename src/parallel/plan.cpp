@@ -55,11 +55,13 @@ model::ShardCoord shard_of(const Config& config, int t, int p, int e, int ranks_
   sc.t = t, sc.tp = int(par.tp), sc.p = p, sc.pp = int(par.pp), sc.e = e, sc.ep = int(par.ep);
   sc.cp = int(par.cp), sc.cp_zigzag = par.cp_layout == "zigzag";
   sc.virtual_stages = int(par.virtual_stages);
+  sc.v_shape = sc.pp > 1 && v_shaped(schedule_kind(par.pp_schedule));
   return sc;
 }
 
-// What the deck's schedule asks of each pipeline stage: the activation slots of each chunk
-// (the checker's in-flight counts) and the executor's message buffers (parallel/pipeline.cpp),
+// What the deck's schedule asks of each pipeline stage: the activation slots, head slots and
+// W records of each chunk (the checker's in-flight counts) and the executor's message
+// buffers (parallel/pipeline.cpp),
 // taken from a pool that only grows: one per receive from when it is posted until its compute
 // is done with it (a forward copies its input out first, a backward reads its d(output) in
 // place), and one per send until the executor finds it complete. A send needs its peer in
@@ -67,7 +69,7 @@ model::ShardCoord shard_of(const Config& config, int t, int p, int e, int ranks_
 // tests it (the messages are large: rendezvous). Validation's forward-only pass runs one
 // micro-batch through the chunks at a time.
 struct StageNeeds {
-  std::vector<int> in_flight;
+  std::vector<model::SlotCounts> in_flight;
   int buffers = 0;
 };
 
@@ -96,7 +98,9 @@ int message_buffers(const OpList& ops) {
         break;
       case OpKind::forward:
       case OpKind::backward:
-        release(op.kind == OpKind::backward, op);
+      case OpKind::backward_input:
+      case OpKind::backward_weight:
+        release(op.kind == OpKind::backward || op.kind == OpKind::backward_input, op);
         in_use -= sending;
         sending = 0;
         break;
@@ -111,26 +115,31 @@ constexpr std::int64_t kCheckedComputes = std::int64_t(1) << 20;
 std::vector<StageNeeds> compute_stage_needs(const std::string& schedule, int P, int m, int v) {
   std::vector<StageNeeds> out(static_cast<std::size_t>(P));
   if (P == 1) {
-    out[0].in_flight.assign(std::size_t(v), 1);
+    out[0].in_flight.assign(std::size_t(v), model::SlotCounts(1));
     return out;
   }
   // Each rank's list on its own (a plan of 4,000 stages holds one list, not 4,000); the whole
   // set is checked too where that is cheap (the trainer checks the set it runs).
   const ScheduleKind kind = schedule_kind(schedule);
+  const Pipeline pipe = pipeline_of(kind, P, m, v);
   if (std::int64_t(P) * m * v <= kCheckedComputes) {
-    const auto check = check_schedule(make_schedule(kind, P, m, v), P, m, v);
+    const auto check =
+        check_schedule(make_schedule(kind, P, m, v), pipe, memory_bound(kind, P, m, v));
     PTRAIN_REQUIRE(check.error.empty(), "pipeline schedule: ", check.error);
   }
   for (int r = 0; r < P; ++r) {
     const OpList list = make_rank_schedule(kind, P, m, v, r);
-    out[std::size_t(r)].in_flight = list_in_flight(list, v);
+    for (model::SlotCounts n : list_in_flight(list, v))  // the trainer's slots
+      out[std::size_t(r)].in_flight.emplace_back(std::max(1, n.acts), std::max(1, n.head),
+                                                 n.weight);
     OpList validation;  // PipelineExecutor::forward_only, two micro-batches of it
+    const auto rank_of = [&](int g) { return model::chunk_place(P, pipe.v_shape, g).rank; };
     for (int mb = 0; mb < std::min(m, 2); ++mb)
       for (int c = 0; c < v; ++c) {
-        const int g = c * P + r;
-        if (g > 0) validation.push_back({OpKind::recv_act, mb, c, (g - 1) % P});
+        const int g = model::global_chunk(P, pipe.v_shape, r, c);
+        if (g > 0) validation.push_back({OpKind::recv_act, mb, c, rank_of(g - 1)});
         validation.push_back({OpKind::forward, mb, c, -1});
-        if (g < v * P - 1) validation.push_back({OpKind::send_act, mb, c, (g + 1) % P});
+        if (g < v * P - 1) validation.push_back({OpKind::send_act, mb, c, rank_of(g + 1)});
       }
     out[std::size_t(r)].buffers = std::max(message_buffers(list), message_buffers(validation));
   }
@@ -186,7 +195,28 @@ std::int64_t micro_batches_per_step(const Config& config) {
 double pipeline_bubble(const Config& config) {
   const double p = double(config.parallel.pp), v = double(config.parallel.virtual_stages);
   const double m = double(micro_batches_per_step(config));
-  return (p - 1) / (v * m + p - 1);
+  // The fill and drain in units of a forward (T_F = T_B = T_W, a whole backward 2): of
+  // 1F1B's 3m per stage; zb-h1 leaves (p-1)(T_F + T_B - T_W) (Qi et al. 2023, section 2.1);
+  // zb-v's V only the forwards' ramp of p-1 chunk forwards against 6m chunk ops.
+  switch (schedule_kind(config.parallel.pp_schedule)) {
+    case ScheduleKind::zb_h1:
+      return (p - 1) / (3 * m + p - 1);
+    case ScheduleKind::zb_v:
+      return (p - 1) / (6 * m + p - 1);
+    default:
+      return (p - 1) / (v * m + p - 1);
+  }
+}
+
+std::string pipeline_bubble_formula(const Config& config) {
+  switch (schedule_kind(config.parallel.pp_schedule)) {
+    case ScheduleKind::zb_h1:
+      return "(p-1)/(3m+p-1)";
+    case ScheduleKind::zb_v:
+      return "(p-1)/(6m+p-1)";
+    default:
+      return "(p-1)/(v*m+p-1)";
+  }
 }
 
 RingEstimate estimate_ring(const Config& config) {
@@ -297,14 +327,13 @@ void add_activations(MemoryEstimate& est, const Config& config, const model::Sha
   // the stage charges to activations (model/stage.cpp).
   const model::Recompute recompute = model::recompute_mode(config.train.recompute);
   for (const auto& ch : chunks) {  // each stage carves its slots and its own scratch
-    const auto act =
-        model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
-                                config.parallel.sequence_parallel && coord.tp > 1, recompute);
-    const double slots = double(needs.in_flight[std::size_t(ch.chunk)]);
+    const auto act = model::activation_sizes(d, coord, config.train.micro_batch, T, ch.has_head,
+                                             config.parallel.sequence_parallel && coord.tp > 1,
+                                             recompute, ch.has_embedding);
+    model::SlotCounts slots = needs.in_flight[std::size_t(ch.chunk)];
+    if (ch.has_embedding && ch.has_head) slots.weight = 0;  // such a stage does not split
     est.bytes[idx(MemCategory::activations)] +=
-        double(act.kept(ch.n_layers)) * slots * b.w + double(act.recompute) * b.w +
-        double(act.kept_stats(ch.n_layers)) * slots * b.w_stat +
-        double(act.recompute_stats) * b.w_stat;
+        model::activation_bytes(act, ch.n_layers, slots, b.w, b.w_stat, b.wg);
     est.bytes[idx(MemCategory::workspace)] +=
         double(act.scratch) * b.w + double(act.scratch_grads) * b.wg;
   }
@@ -327,10 +356,13 @@ void add_pipeline_buffers(MemoryEstimate& est, const Config& config, const model
   const auto shape = model::act_shape(d, coord, config.train.micro_batch, d.S / config.parallel.cp,
                                       config.parallel.sequence_parallel && coord.tp > 1);
   est.bytes[idx(MemCategory::comm)] += double(needs.buffers) * double(shape.R * d.C) * b.w;
+  // One buffer per rank, also where both ends are its chunks (zb-v).
   for (const auto& ch : chunks)
     for (const auto& t : ch.tensors)
-      if (t.name == "wte.weight" && !(ch.has_embedding && ch.has_head))
+      if (t.name == "wte.weight" && !(ch.has_embedding && ch.has_head)) {
         est.bytes[idx(MemCategory::comm)] += double(t.numel) * b.wg;
+        return;
+      }
 }
 
 MemoryEstimate estimate_shard(const Config& config, const model::ShardCoord& coord,
@@ -362,6 +394,10 @@ struct ShardFacts {
   std::int64_t layers = 0, moe_layers = 0;
   bool first = false, last = false;  // holds the embedding / the head
   double embedding_bytes = 0;        // of the embedding unit
+  // Split backwards (zero-bubble schedules) per step: blocks whose W ran apart from their B,
+  // and the bytes of those blocks' parameters (W gathers them again under ZeRO 3 when it
+  // reruns a recomputation).
+  double split_blocks = 0, split_block_bytes = 0;
 };
 
 ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, double w) {
@@ -376,6 +412,20 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
     for (const auto& u : model::units_of(ch))
       if (u.kind == model::Unit::embedding) f.embedding_bytes += double(u.hi - u.lo) * w;
   }
+  if (coord.pp > 1) {  // this rank's list: its Ws per chunk
+    const auto& par = config.parallel;
+    const OpList list =
+        make_rank_schedule(schedule_kind(par.pp_schedule), coord.pp,
+                           int(micro_batches_per_step(config)), int(par.virtual_stages), coord.p);
+    const auto chunks = model::build_layout(config, coord);
+    for (const Op& op : list) {
+      if (op.kind != OpKind::backward_weight) continue;
+      const auto& ch = chunks[std::size_t(op.chunk)];
+      f.split_blocks += double(ch.n_layers);
+      for (const auto& u : model::units_of(ch))
+        if (u.kind == model::Unit::block) f.split_block_bytes += double(u.hi - u.lo) * w;
+    }
+  }
   return f;
 }
 
@@ -389,11 +439,17 @@ ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, dou
 // Hybrid sharding (parallel%zero_scope = 'node', shards over L ranks of a node, N = D/L
 // nodes): ZeRO 1 all-reduces over D and gathers inside the node; ZeRO 2/3 reduce-scatter and
 // gather inside the node and all-reduce the shard across the nodes once a step.
+// A split backward whose W reruns a recomputation gathers its blocks' parameters once more
+// (ZeRO 3): `regather` bytes a step.
 void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
                        const MemoryEstimate& mem, const ShardFacts& f, double m, double w,
                        double ww, int zero_shards) {
   const int zero = int(config.parallel.zero);
-  const double emb = f.embedding_bytes;       // compute type
+  const double emb = f.embedding_bytes;  // compute type
+  const double regather =
+      zero == 3 && model::recompute_mode(config.train.recompute) != model::Recompute::none
+          ? f.split_block_bytes
+          : 0.0;
   auto dp_volume = [&](double N, double D) {  // N elements
     const double G = N * ww, S = N * w;
     switch (zero) {
@@ -404,7 +460,7 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
       case 2:
         return m * ring(D) * G + ring(D) * S;
       default:
-        return m * ring(D) * G + ring(D) * (m * 2 * (S - emb) + emb);
+        return m * ring(D) * G + ring(D) * (m * 2 * (S - emb) + emb + regather);
     }
   };
   const char* dp_formula[] = {"2(D-1)/D*S all-reduce", "2(D-1)/D*S + (D-1)/D*S all-gather",
@@ -421,7 +477,8 @@ void add_data_parallel(std::vector<CommEstimate>& out, const Config& config,
       c.bytes_per_step = 2 * ring(D) * G + c.intra_only;
       c.formula = "2(D-1)/D*S all-reduce + (L-1)/L*S all-gather in the node";
     } else {
-      c.intra_only = m * ring(L) * G + ring(L) * (zero == 2 ? S : m * 2 * (S - emb) + emb);
+      c.intra_only =
+          m * ring(L) * G + ring(L) * (zero == 2 ? S : m * 2 * (S - emb) + emb + regather);
       c.inter_only = 2 * ring(nodes) * G / L;
       c.bytes_per_step = c.intra_only + c.inter_only;
       c.formula = zero == 2 ? "m*(L-1)/L*S reduce-scatter + (L-1)/L*S all-gather in the node, "
@@ -471,12 +528,19 @@ CommEstimate tensor_parallel(const Config& config, const StepFacts& s) {
   tp += s.m * double(s.f.moe_layers) * 2 * ring(T) * s.B * s.Tl * s.k * s.w;
   if (s.full()) tp += s.m * L * 2 * 2 * ring(T) * s.act;
   if (s.selective() && par.sequence_parallel) tp += s.m * L * 2 * ring(T) * s.act;
+  // A split backward's W: under SP each block gathers the rows of d(res2) and d(res3) again,
+  // and reruns a recomputation's collectives.
+  const double split = s.f.split_blocks;
+  if (par.sequence_parallel) tp += split * 2 * ring(T) * s.act;
+  if (s.full()) tp += split * 2 * 2 * ring(T) * s.act;
+  if (s.selective() && par.sequence_parallel) tp += split * 2 * ring(T) * s.act;
   return {GroupKind::tp, tp,
           cat("m*(4L+2)*2(T-1)/T*b*s*h + loss 3*b*s (+ SP: LayerNorm grads 2h each)",
               s.f.moe_layers > 0 ? " + MoE gate grads m*L_moe*2(T-1)/T*b*s*k" : "",
               s.full()                                 ? " + recompute: m*L*2*2(T-1)/T*b*s*h"
               : s.selective() && par.sequence_parallel ? " + recompute: m*L*2*(T-1)/T*b*s*h"
-                                                       : "")};
+                                                       : "",
+              split > 0 ? " + split backwards' W: again per block" : "")};
 }
 
 // Context parallel: every block's attention is a ring over cp (estimate_ring); a MoE layer's
@@ -490,7 +554,7 @@ CommEstimate context_parallel(const Config& config, const StepFacts& s) {
   const double L = double(s.f.layers), L_moe = double(s.f.moe_layers);
   const double moe = par.cp > 1 ? (C - 1) * s.B * s.Tl * s.k * 4.0 + 2 * ring(C) * E * 8.0 : 0.0;
   double cp = s.m * (L * r.per_layer() + L_moe * moe);
-  if (s.recompute != model::Recompute::none) cp += s.m * L * r.forward;
+  if (s.recompute != model::Recompute::none) cp += (s.m * L + s.f.split_blocks) * r.forward;
   if (s.full()) cp += s.m * L_moe * moe;
   return {GroupKind::cp, cp,
           cat("m*L*(3C-2)*2*b*(s/C)*h/T: (C-1) K/V fwd, (C-1) K/V + C dK/dV bwd",
@@ -533,19 +597,25 @@ std::vector<CommEstimate> estimate_comm(const Config& config, const model::Shard
   out.push_back(context_parallel(config, s));
   out.push_back(expert_parallel(config, s));
 
-  // Pipeline: activations forward, their gradients backward, per micro-batch and chunk.
-  const double v = double(par.virtual_stages);
+  // Pipeline: activations forward, their gradients backward, per micro-batch and chunk (the
+  // V's turn on the last rank is sent to itself, counted alike).
   double pp = 0;
-  if (par.pp > 1) pp = s.m * v * s.act * ((last ? 0.0 : 1.0) + (first ? 0.0 : 1.0));
-  out.push_back({GroupKind::pp, pp, "m*v*b*s*h per direction"});
+  if (par.pp > 1)
+    for (const auto& ch : model::build_layout(config, coord))
+      pp += s.m * s.act * ((ch.has_head ? 0.0 : 1.0) + (ch.has_embedding ? 0.0 : 1.0));
+  out.push_back({GroupKind::pp, pp, "m*b*s*h per chunk and direction"});
 
   // Tied embedding: both ends' dense-grad groups (2*D ranks with this tp rank) all-reduce
-  // the wte gradient, each rank contributing its shard of it (parallel/trainer.cpp).
+  // the wte gradient, each rank contributing its shard of it (parallel/trainer.cpp); in a V
+  // both ends are the first stage's, its D ranks.
   double embed = 0;
-  const double ends = 2.0 * double(dense_grad_size(config));
+  const bool v_shape = coord.v_shape;
+  const double ends = (v_shape ? 1.0 : 2.0) * double(dense_grad_size(config));
   if (par.pp > 1 && (first || last))
     embed = ring(ends) * 2.0 * double(d.Vpad / par.tp) * double(d.C) * s.wg;
-  out.push_back({GroupKind::embed, embed, "2(n-1)/n*V/T*h all-reduce, n = 2*D ranks"});
+  out.push_back({GroupKind::embed, embed,
+                 v_shape ? "2(n-1)/n*V/T*h all-reduce, n = D ranks (both ends on stage 0)"
+                         : "2(n-1)/n*V/T*h all-reduce, n = 2*D ranks"});
   return out;
 }
 
@@ -886,18 +956,22 @@ std::string schedule_picture(const Config& config) {
   if (P > kMostRows)
     return cat("pipeline schedule '", config.parallel.pp_schedule, "', p = ", P, ", v = ", v,
                ", m = ", deck_m, ": not drawn for more than ", kMostRows,
-               " stages; equal-stage bubble (p-1)/(v*m+p-1) = ",
+               " stages; equal-stage bubble ", pipeline_bubble_formula(config), " = ",
                fixed("%.1f%%", 100 * pipeline_bubble(config)), "\n");
   const int m = 3 * v * deck_m + P <= 60 ? deck_m : 2 * P;
   const ScheduleKind kind = schedule_kind(config.parallel.pp_schedule);
   const auto lists = make_schedule(kind, P, m, v);
-  const auto timing = simulate_schedule(lists, P, m, v);
+  const Pipeline pipe = pipeline_of(kind, P, m, v);
+  const auto timing = simulate_schedule(lists, pipe);
   std::string r =
       cat("pipeline schedule '", config.parallel.pp_schedule, "', p = ", P, ", v = ", v,
           ", m = ", m, m == deck_m ? "" : cat(" (an example: this deck has m = ", deck_m, ")"),
-          "; F<mb> forward, B<mb> backward (two cells), .. waiting; simulated bubble ",
-          fixed("%.1f%%", 100 * timing.bubble), ":\n");
-  std::string picture = format_schedule(lists, P, m, v);
+          "; F<mb> forward, B<mb> backward (two cells",
+          kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v
+              ? "; split: its input gradient B<mb> one cell, its weight gradient W<mb> one"
+              : "",
+          "), .. waiting; simulated bubble ", fixed("%.1f%%", 100 * timing.bubble), ":\n");
+  std::string picture = format_schedule(lists, pipe);
   while (!picture.empty() && picture.back() == '\n') picture.pop_back();
   std::size_t at = 0;
   while (at < picture.size()) {  // indented like the rest of the report
@@ -1013,8 +1087,8 @@ std::string model_section(const Config& config, const Layout& layout) {
            m, " micro-batch(es) of ", config.train.micro_batch, " per rank, ",
            fixed("%.4g", fpt * tokens), " FLOPs"));
   if (par.pp > 1) {
-    line(cat("pipeline bubble: ", fixed("%.1f%%", 100 * pipeline_bubble(config)),
-             " ((p-1)/(v*m+p-1), ", par.pp_schedule, ")"));
+    line(cat("pipeline bubble: ", fixed("%.1f%%", 100 * pipeline_bubble(config)), " (",
+             pipeline_bubble_formula(config), ", ", par.pp_schedule, ")"));
     line(schedule_picture(config));
   }
   if (par.cp > 1) line(context_parallel_line(config));

@@ -94,8 +94,12 @@ NodeSplit node_split(const Config& config, const Layout& layout, GroupKind g);
 
 // Micro-batches per step on one rank: global_batch / (micro_batch * dp * ep).
 std::int64_t micro_batches_per_step(const Config& config);
-// Idle fraction of the pipeline schedule: (p-1)/(v*m + p-1).
+// Idle fraction of the pipeline schedule with equal stages and T_F = T_B = T_W:
+// (p-1)/(v*m + p-1) (gpipe, 1f1b, interleaved), (p-1)/(3m + p-1) (zb-h1: (p-1)(T_F+T_B-T_W)
+// idle, Qi et al. 2023; exact from m = p on), (p-1)/(6m + p-1) (zb-v: the V's ramp of p-1
+// chunk forwards; exact from m = 2p on), and that formula as text.
 double pipeline_bubble(const Config& config);
+std::string pipeline_bubble_formula(const Config& config);
 std::int64_t dtype_bytes(const Config& config);
 
 // ---- Will it fit? -------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 
+#include "data/data.hpp"
 #include "grid/layout.hpp"
 #include "model/layout.hpp"
 #include "parallel/plan.hpp"
@@ -125,6 +126,25 @@ std::string moe_layer_cells(const StepResult& r, std::map<std::string, std::stri
   return text;
 }
 
+// log.csv column of dataset d's (0-based) figure: "epoch" or "val_loss" for one dataset,
+// "epoch_1", "val_loss_2" ... for a blend.
+std::string dataset_column(const char* what, std::size_t d, std::size_t datasets) {
+  return datasets > 1 ? cat(what, "_", d + 1) : std::string(what);
+}
+
+// Each dataset's epochs into log.csv; returns them as text for the log: "epoch 2 (25% done)",
+// "epochs 2 (25% done), 1 (80% done)".
+std::string epoch_cells(const StepResult& r, std::map<std::string, std::string>& cell) {
+  std::string text;
+  for (std::size_t d = 0; d < r.epochs.size(); ++d) {
+    const double e = r.epochs[d];
+    cell[dataset_column("epoch", d, r.epochs.size())] = fixed("%.6f", e);
+    text += cat(d ? ", " : "", fixed("%.0f", std::floor(e) + 1), " (",
+                fixed("%.0f%% done", 100 * (e - std::floor(e))), ")");
+  }
+  return text.empty() ? text : cat(r.epochs.size() > 1 ? " | epochs " : " | epoch ", text);
+}
+
 }  // namespace
 
 RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
@@ -141,6 +161,14 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
   columns_ = {"step",        "loss",  "val_loss",       "lr",     "grad_norm", "tokens_per_s",
               "gflops",      "mfu",   "peak_mem_bytes", "t_step", "t_forward", "t_backward",
               "t_optimizer", "eta_s", "skipped"};
+  const data::DataSpec data = data::spec_from_config(config);
+  datasets_ = data.weights.size();
+  if (datasets_ > 1)
+    for (std::size_t d = 0; d < datasets_; ++d)
+      columns_.push_back(dataset_column("val_loss", d, datasets_));
+  if (data.source != "synthetic" && data.order == "epochs")
+    for (std::size_t d = 0; d < datasets_; ++d)
+      columns_.push_back(dataset_column("epoch", d, datasets_));
   if (config.parallel.pp > 1)
     columns_.insert(columns_.end(), {"bubble", "bubble_model", "bubble_theory"});
   if (config.model.n_expert > 0) {
@@ -172,7 +200,8 @@ RunLog::RunLog(const Config& config, double peak_gflops_per_rank, int world,
     csv_ << columns_[c] << (c + 1 < columns_.size() ? ',' : '\n');
 }
 
-void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
+void RunLog::step(const StepResult& r, const Validation& val, double elapsed) {
+  const double val_loss = val.loss;
   const double tok_s = double(r.tokens) / r.t_step;
   const double gflops = flops_per_token_ * double(r.tokens) / r.t_step / 1e9;
   const double mfu = peak_ > 0 ? gflops / peak_ : 0;
@@ -205,6 +234,15 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
       {"moe_dropped", fixed("%.6f", r.moe_dropped)},
       {"moe_load_min", fixed("%.4f", r.moe_load_min)},
       {"moe_load_max", fixed("%.4f", r.moe_load_max)}};
+  std::string val_text;
+  if (datasets_ > 1 && !std::isnan(val_loss)) {
+    for (std::size_t d = 0; d < val.datasets.size(); ++d) {
+      cell[dataset_column("val_loss", d, datasets_)] = fixed("%.17g", val.datasets[d]);
+      val_text += cat(d ? ", " : " (datasets ", fixed("%.4f", val.datasets[d]));
+    }
+    val_text += ")";
+  }
+  const std::string epoch_text = epoch_cells(r, cell);
   const std::string moe_text = moe_layer_cells(r, cell);
   const std::string straggler_text = straggler_cells(r, cell);
   std::string comm_text;
@@ -231,11 +269,12 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
   log::info(
       cat("step ", fixed("%5.0f", double(r.step)), "/", config_.run.steps, " | loss ",
           fixed("%.4f", r.loss),
-          std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss)), " | lr ",
-          fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ", fixed("%.0f", tok_s),
-          " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ", fixed("%.1f%%", 100 * mfu),
-          " | mem ", format_bytes(mem), " | fwd ", fixed("%.3f", r.t_forward), " bwd ",
-          fixed("%.3f", r.t_backward), " opt ", fixed("%.3f", r.t_optimizer), " s", comm_text,
+          std::isnan(val_loss) ? std::string() : cat(" | val ", fixed("%.4f", val_loss), val_text),
+          epoch_text, " | lr ", fixed("%.2e", r.lr), " | norm ", fixed("%.3f", r.grad_norm), " | ",
+          fixed("%.0f", tok_s), " tok/s | ", fixed("%.1f", gflops), " GFLOP/s | MFU ",
+          fixed("%.1f%%", 100 * mfu), " | mem ", format_bytes(mem), " | fwd ",
+          fixed("%.3f", r.t_forward), " bwd ", fixed("%.3f", r.t_backward), " opt ",
+          fixed("%.3f", r.t_optimizer), " s", comm_text,
           config_.model.n_expert > 0
               ? cat(" | moe aux ", fixed("%.4f", r.aux_loss), ", dropped ",
                     fixed("%.1f%%", 100 * r.moe_dropped), ", expert load ",
@@ -261,6 +300,7 @@ void RunLog::step(const StepResult& r, double val_loss, double elapsed) {
 
 std::string bench_report(double step_seconds, std::int64_t steps) {
   if (steps == 0) return "bench: run at least 2 steps for a kernel breakdown";
+  // Microseconds: the data region of a step is a millisecond or less.
   std::string r = cat("bench: time per step by kernel family (mean of ", steps,
                       " steps after the first, each region fenced)\n");
   double sum = 0;
@@ -268,9 +308,9 @@ std::string bench_report(double step_seconds, std::int64_t steps) {
     const double per = t / double(steps);
     sum += per;
     r += cat("  ", name, std::string(name.size() < 14 ? 14 - name.size() : 0, ' '),
-             fixed("%9.4f s", per), fixed("  %5.1f%%\n", 100 * per / step_seconds));
+             fixed("%11.6f s", per), fixed("  %5.1f%%\n", 100 * per / step_seconds));
   }
-  r += cat("  other         ", fixed("%9.4f s", step_seconds - sum),
+  r += cat("  other         ", fixed("%11.6f s", step_seconds - sum),
            fixed("  %5.1f%%", 100 * (step_seconds - sum) / step_seconds));
   return r;
 }

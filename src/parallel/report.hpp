@@ -37,9 +37,9 @@ class RunLog {
     traffic_ = traffic_since(before);
     return r;
   }
-  // Writes the row of step r (and the log line when due); val_loss NaN when not evaluated,
-  // elapsed the wall time since the first step began.
-  void step(const StepResult& r, double val_loss, double elapsed);
+  // Writes the row of step r (and the log line when due); `val` the validation of this step
+  // (loss NaN when not evaluated), elapsed the wall time since the first step began.
+  void step(const StepResult& r, const Validation& val, double elapsed);
 
  private:
   const Config& config_;
@@ -48,6 +48,7 @@ class RunLog {
   std::vector<std::size_t> groups_;                // rows of the comm table with columns
   std::vector<std::string> columns_;               // of log.csv, in its order
   std::vector<GroupTraffic> traffic_;
+  std::size_t datasets_ = 1;  // of the data (several: a blend)
   std::ofstream csv_;
 };
 

@@ -80,12 +80,16 @@ LayoutSearch search_layouts(const Config& deck, int world, int ranks_per_node, d
           const std::int64_t per_rank = deck.train.global_batch / (std::int64_t(dp) * ep);
           for (int micro : divisors(per_rank)) {
             const std::int64_t mb = per_rank / micro;
-            // (schedule, virtual stages): 1F1B, and interleaved at 2 and 4 chunks a rank.
+            // (schedule, virtual stages): 1F1B; interleaved at 2 and 4 chunks a rank; the
+            // zero-bubble ZB-H1 and ZB-V (two chunks in a V).
             std::vector<std::pair<const char*, int>> schedules{{"1f1b", 1}};
-            if (pp > 1)
+            if (pp > 1) {
               for (int v : {2, 4})
                 if (d.L >= std::int64_t(pp) * v && mb % pp == 0)
                   schedules.push_back({"interleaved", v});
+              schedules.push_back({"zb-h1", 1});
+              if (d.L >= std::int64_t(pp) * 2) schedules.push_back({"zb-v", 2});
+            }
             for (auto [schedule, v] : schedules) {
               Config base = deck;
               auto& par = base.parallel;

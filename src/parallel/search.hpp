@@ -6,8 +6,9 @@
 // stages and recompute levels that fit only the lowest (each higher one adds communication or
 // recomputation and saves only memory), sequence parallelism always with tp > 1 (the same
 // traffic, a tp-th of the LayerNorm work and activations), 1F1B rather than GPipe (the same
-// bubble, more memory). A pipeline whose layers do not split evenly gets the split balanced by
-// cost (parallel%pp_layers = -1).
+// bubble, more memory); 1F1B, interleaved at 2 and 4 chunks a rank, ZB-H1 and ZB-V priced. A
+// pipeline whose layers do not split evenly gets the split balanced by cost
+// (parallel%pp_layers = -1).
 #pragma once
 #include <cstdint>
 #include <string>

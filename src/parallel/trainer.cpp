@@ -30,6 +30,7 @@ model::ShardCoord shard_coord(const Config& config, const Grid& grid) {
   c.cp = grid.size(Axis::c);
   c.cp_zigzag = config.parallel.cp_layout == "zigzag";
   c.virtual_stages = int(config.parallel.virtual_stages);
+  c.v_shape = c.pp > 1 && v_shaped(schedule_kind(config.parallel.pp_schedule));
   return c;
 }
 
@@ -195,7 +196,7 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
                              choice(config, grid, true, true, config.model.n_expert > 0))),
       stats_(make_comm(grid.cart(), "stats")),
       stage_stats_(make_comm(grid.comm(GroupKind::pp), "stats")),
-      data_(data::open_source(data::spec_from_config(config))),
+      data_(data::open_source(data::spec_from_config(config), grid.cart())),
       lr_schedule_(optim::schedule_from_config(config)) {
   const model::ShardCoord coord = shard_coord(config, grid);
   const int stages = coord.pp, v = coord.virtual_stages, mb = int(config.train.micro_batch);
@@ -205,7 +206,9 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   const ScheduleKind kind =
       stages == 1 ? ScheduleKind::one_f_one_b : schedule_kind(config.parallel.pp_schedule);
   schedule_ = make_schedule(kind, stages, m, v);
-  const ScheduleCheck check = check_schedule(schedule_, stages, m, v);
+  pipeline_shape_ = pipeline_of(kind, stages, m, v);
+  const ScheduleCheck check =
+      check_schedule(schedule_, pipeline_shape_, memory_bound(kind, stages, m, v));
   PTRAIN_REQUIRE(check.error.empty(), "pipeline schedule: ", check.error);
 
   NodeScope node_scope;
@@ -224,8 +227,10 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
     Chunk ch;
     ch.dp = std::make_unique<DataParallel<P>>(config, *dense_grad_, layout, tp_.get(),
                                               expert_grad_.get(), node_scope);
-    // Activation slots: the most micro-batches this chunk has in flight in the schedule.
-    const int slots = std::max(1, check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)]);
+    // Activation slots, head slots and W records: the most micro-batches this chunk has in
+    // flight in the schedule.
+    const model::SlotCounts n = check.in_flight[std::size_t(coord.p)][std::size_t(layout.chunk)];
+    const model::SlotCounts slots(std::max(1, n.acts), std::max(1, n.head), n.weight);
     ch.stage = std::make_unique<model::Stage<P>>(config, coord, ch.dp->layout(), mb, slots,
                                                  ch.dp->store(), tp_.get(), cp_.get(), ep_.get());
     ch.optimizer = optim::make_optimizer<M>(config.train.optimizer, decay_segments(*ch.dp), 0,
@@ -234,11 +239,14 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
     executed.push_back({ch.stage.get(), ch.dp.get()});
     chunks_.push_back(std::move(ch));
   }
-  pipeline_ = std::make_unique<PipelineExecutor<P>>(*pp_, std::move(executed),
-                                                    schedule_[std::size_t(coord.p)], mb);
+  pipeline_ = std::make_unique<PipelineExecutor<P>>(
+      *pp_, std::move(executed), schedule_[std::size_t(coord.p)], mb, coord.v_shape);
   // wte lives on the first stage and, tied to the LM head, on the last: both ends' dense-grad
-  // groups with this tp rank (the grid's embed group) sum its gradient.
-  if (stages > 1 && grid.in_group(GroupKind::embed))
+  // groups with this tp rank (the grid's embed group) sum its gradient. In a V both ends are
+  // the first stage's two chunks: its dense-grad group sums both chunks' shards.
+  if (coord.v_shape && coord.p == 0)
+    ends_ = make_comm(grid.comm(GroupKind::dense_grad), "embed", choice(config, grid, false, true));
+  else if (!coord.v_shape && stages > 1 && grid.in_group(GroupKind::embed))
     ends_ = make_comm(grid.comm(GroupKind::embed), "embed", choice(config, grid, false, true));
   // This rank's positions of every sample (all of them without context parallelism).
   if (coord.cp > 1)
@@ -247,6 +255,7 @@ Trainer<P>::Trainer(const Config& config, const Grid& grid)
   const std::size_t n = std::size_t(config.train.micro_batch * config.model.seq_len / coord.cp);
   inputs_.resize(n);
   targets_.resize(n);
+  position_ = data::position_after(*data_, 0);
   hosts_ = mpi::all_gather(grid.cart(), mpi::host_name());
   if (config.run.debug_slow_rank == grid.world_rank()) pipeline_->slow_down(9);
   plan_replica_checks();
@@ -269,10 +278,9 @@ std::pair<std::int64_t, std::int64_t> Trainer<P>::my_slice(std::int64_t n) const
 }
 
 template <class P>
-model::MicroBatch Trainer<P>::fetch(data::Split split, std::int64_t step, std::int64_t first,
-                                    int B) {
+model::MicroBatch Trainer<P>::fetch(data::Split split, const data::Draw* draws, int B) {
   profile::region("data", [&] {
-    data::fetch(*data_, split, step, first, B, inputs_.data(), targets_.data(), positions_);
+    data::fetch(*data_, split, draws, B, inputs_.data(), targets_.data(), positions_);
   });
   return model::MicroBatch{inputs_.data(), targets_.data(), B};
 }
@@ -280,7 +288,9 @@ model::MicroBatch Trainer<P>::fetch(data::Split split, std::int64_t step, std::i
 template <class P>
 void Trainer<P>::finish_gradients() {
   for (auto& ch : chunks_) ch.dp->finish_gradients();
-  if (ends_)
+  if (ends_ && pipeline_shape_.v_shape)  // both ends here: chunk 0 (embedding), 1 (head)
+    chunks_[0].dp->sum_tied_embedding(*ends_, chunks_[1].dp.get());
+  else if (ends_)
     for (auto& ch : chunks_) ch.dp->sum_tied_embedding(*ends_);
 }
 
@@ -352,21 +362,25 @@ void Trainer<P>::moe_summary(StepResult& r) {
 // over the step time.
 template <class P>
 void Trainer<P>::measure_bubble(StepResult& r) {
-  const int stages = pp_->size(), v = chunks();
   const std::vector<double>& mine = pipeline_->compute_op_seconds();
-  const int computes = 2 * micro_batches_ * v;  // on every rank
-  PTRAIN_REQUIRE(int(mine.size()) == computes, "pipeline: ", mine.size(),
-                 " compute times this step, expected ", computes);
-  std::vector<double> all(std::size_t(stages) * std::size_t(computes));
-  stage_stats_
-      ->all_gather(mine.data(), all.data(), std::vector<int>(std::size_t(stages), computes),
-                   Space::host)
-      .wait();
+  // Each rank's computes: forwards, backwards, Bs and Ws of its list.
+  std::vector<int> computes;
+  for (const OpList& list : schedule_)
+    computes.push_back(int(
+        std::count_if(list.begin(), list.end(), [](const Op& op) { return is_compute(op.kind); })));
+  const int expected = computes[std::size_t(pp_->rank())];
+  PTRAIN_REQUIRE(int(mine.size()) == expected, "pipeline: ", mine.size(),
+                 " compute times this step, expected ", expected);
+  std::vector<double> all;
+  for (int n : computes) all.resize(all.size() + std::size_t(n));
+  stage_stats_->all_gather(mine.data(), all.data(), computes, Space::host).wait();
   std::vector<std::vector<double>> seconds;
-  for (int k = 0; k < stages; ++k)
-    seconds.emplace_back(all.begin() + std::ptrdiff_t(k) * computes,
-                         all.begin() + std::ptrdiff_t(k + 1) * computes);
-  const ScheduleTiming sim = simulate_schedule(schedule_, stages, micro_batches_, v, seconds);
+  std::ptrdiff_t at = 0;
+  for (int n : computes) {
+    seconds.emplace_back(all.begin() + at, all.begin() + at + n);
+    at += n;
+  }
+  const ScheduleTiming sim = simulate_schedule(schedule_, pipeline_shape_, seconds);
   // Waits before each rank's last compute, as the executor measures them (a rank that
   // finishes early spends the tail in the next collective).
   double waiting = 0;
@@ -389,12 +403,18 @@ StepResult Trainer<P>::step(std::int64_t s) {
   if (s == 1 && config_.run.debug_hang_rank == grid_.world_rank())
     std::this_thread::sleep_for(std::chrono::seconds(3600));  // the watchdog's test
   for (auto& ch : chunks_) ch.dp->begin_step();
+  // The whole global batch is drawn on every rank (a blend's choices depend on every sample
+  // before), so the position moves alike everywhere.
+  profile::region("data",
+                  [&] { draws_ = data::take(*data_, position_, s, config_.train.global_batch); });
+  for (int d = 0; d < data_->datasets() && data_->windows(d) > 0; ++d)
+    r.epochs.push_back(double(position_.per_dataset[std::size_t(d)]) / double(data_->windows(d)));
   const auto [first, count] = my_slice(config_.train.global_batch);
   MicroBatches mbs;
   mbs.count = int(count / mb);
   mbs.samples = [mb](int) { return int(mb); };
   mbs.fetch = [&, first = first](int i) {
-    return fetch(data::Split::train, s, first + i * mb, int(mb));
+    return fetch(data::Split::train, draws_.data() + first + i * mb, int(mb));
   };
   const double loss_sum = pipeline_->train(mbs, dloss);
   if (config_.run.debug_fail_rank == grid_.world_rank())
@@ -542,7 +562,8 @@ void Trainer<P>::plan_replica_checks() {
   }
   group(grid_.comm(GroupKind::tp), "tp", "tp ranks" + sharded, zero3,
         [](const Spec& t) { return t.tp_replicated(); });
-  if (ends_)
+  // In a V both copies are on the first stage (check_replicas compares them there).
+  if (ends_ && !pipeline_shape_.v_shape)
     group(grid_.comm(GroupKind::embed), "embed",
           "wte and its tied copy on the last pipeline stage" + sharded, zero3,
           [](const Spec& t) { return t.name == "wte.weight"; });
@@ -578,6 +599,21 @@ void Trainer<P>::check_replicas(std::int64_t step) {
             if ((split && chunks_[c].dp->layout().tensors[i].expert) == experts)
               sums[c][i] = v[k++];
       }
+    }
+    // zb-v: wte and its tied copy are this rank's two chunks (whole copies: summed over their
+    // shards under ZeRO 3). No collective: nothing to keep in step.
+    if (ends_ && pipeline_shape_.v_shape) {
+      std::uint64_t wte[2] = {0, 0};
+      for (std::size_t c = 0; c < 2; ++c) {
+        const auto& tensors = chunks_[c].dp->layout().tensors;
+        for (std::size_t i = 0; i < tensors.size(); ++i)
+          if (tensors[i].name == "wte.weight") wte[c] = (copy_dense_ ? sums : held)[c][i];
+      }
+      if (wte[0] != wte[1])
+        error = cat("step ", step, ": replicas differ: wte.weight on rank ", grid_.world_rank(),
+                    " (host ", hosts_[std::size_t(grid_.world_rank())],
+                    ") differs from its tied copy on the same rank (the V's two ends)",
+                    ", found by run%consistency_every; no checkpoint was written from this state");
     }
     // Every group is compared on every member, so the collectives match whatever is found.
     for (Replicas& g : replicas_) {
@@ -638,7 +674,8 @@ void Trainer<P>::skip_nonfinite(StepResult& r, double spike_median) {
   for (std::size_t c = chunks_.size(); c-- > 0;) {
     const int i = chunks_[c].dp->first_nonfinite_grad();
     if (i < 0) continue;
-    const int global = int(c) * grid_.size(Axis::p) + grid_.coord(Axis::p);
+    const int global = model::global_chunk(grid_.size(Axis::p), pipeline_shape_.v_shape,
+                                           grid_.coord(Axis::p), int(c));
     key = (global << 20) + i;
     name = chunks_[c].dp->layout().tensors[std::size_t(i)].name;
   }
@@ -659,7 +696,7 @@ void Trainer<P>::skip_nonfinite(StepResult& r, double spike_median) {
 }
 
 template <class P>
-double Trainer<P>::evaluate() {
+Validation Trainer<P>::evaluate() {
   const std::int64_t S = config_.model.seq_len, mb = config_.train.micro_batch;
   const std::int64_t n =
       config_.data.val_samples > 0 ? config_.data.val_samples : config_.train.global_batch;
@@ -669,29 +706,43 @@ double Trainer<P>::evaluate() {
   const std::int64_t ranks = grid_.group_size(GroupKind::batch);
   const std::int64_t passes = ((n + ranks - 1) / ranks + mb - 1) / mb;
   const std::int64_t group = grid_.size(Axis::p);  // passes in flight through the pipeline
-  double loss_sum = 0;
-  for (std::int64_t k0 = 0; k0 < passes; k0 += group) {
-    // A stop signal (time limit) must not wait for a long validation: every rank agrees
-    // before each group of passes and leaves together.
-    if (signals::agreed_stop_signal(grid_.cart())) return std::nan("");
-    MicroBatches mbs;
-    mbs.count = int(std::min(group, passes - k0));
-    mbs.samples = [&, k0 = k0, count = count](int i) {
-      const std::int64_t j = (k0 + i) * mb;
-      return int(std::max<std::int64_t>(1, std::min(mb, count - j)));
-    };
-    mbs.fetch = [&, k0 = k0, first = first, count = count](int i) {
-      const std::int64_t j = (k0 + i) * mb;
-      return fetch(data::Split::val, 0, j < count ? first + j : first, mbs.samples(i));
-    };
-    const std::vector<double> losses = pipeline_->forward_only(mbs);
-    for (int i = 0; i < mbs.count; ++i)
-      if ((k0 + i) * mb < count) loss_sum += losses[std::size_t(i)];
+  const int datasets = data_->datasets();
+  std::vector<double> sums(std::size_t(datasets), 0.0);
+  std::vector<data::Draw> draws(static_cast<std::size_t>(mb));
+  for (int d = 0; d < datasets; ++d) {
+    for (std::int64_t k0 = 0; k0 < passes; k0 += group) {
+      // A stop signal (time limit) must not wait for a long validation: every rank agrees
+      // before each group of passes and leaves together.
+      if (signals::agreed_stop_signal(grid_.cart())) return {};
+      MicroBatches mbs;
+      mbs.count = int(std::min(group, passes - k0));
+      mbs.samples = [&, k0 = k0, count = count](int i) {
+        const std::int64_t j = (k0 + i) * mb;
+        return int(std::max<std::int64_t>(1, std::min(mb, count - j)));
+      };
+      mbs.fetch = [&, k0 = k0, first = first, count = count](int i) {
+        const std::int64_t j = (k0 + i) * mb;
+        const int B = mbs.samples(i);
+        for (int b = 0; b < B; ++b)
+          draws[std::size_t(b)] = {0, j < count ? first + j + b : first, d, 0};
+        return fetch(data::Split::val, draws.data(), B);
+      };
+      const std::vector<double> losses = pipeline_->forward_only(mbs);
+      for (int i = 0; i < mbs.count; ++i)
+        if ((k0 + i) * mb < count) sums[std::size_t(d)] += losses[std::size_t(i)];
+    }
   }
   pipeline_->take_compute_seconds();
-  double v = grid_.coord(Axis::t) == 0 ? loss_sum : 0.0;
-  stats_->all_reduce_sum_now(&v, 1);
-  return v / double(n * S);
+  if (grid_.coord(Axis::t) != 0) std::fill(sums.begin(), sums.end(), 0.0);
+  stats_->all_reduce_sum_now(sums.data(), datasets);
+  Validation v;
+  v.loss = 0;
+  for (int d = 0; d < datasets; ++d) {
+    v.datasets.push_back(sums[std::size_t(d)] / double(n * S));
+    v.loss += data_->spec().weights[std::size_t(d)] * v.datasets.back();
+  }
+  if (datasets == 1) v.loss = v.datasets[0];  // the same number, not rounded by the weighting
+  return v;
 }
 
 template class Trainer<Fp32>;

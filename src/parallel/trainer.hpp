@@ -4,6 +4,7 @@
 // reduction, clipping by the global norm, the optimizer update. The loss is the mean over
 // every token of the global batch, whatever the grid.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -66,6 +67,17 @@ struct StepResult {
     double step_seconds = 0;         // the mean step time over the report's steps
   };
   std::vector<Straggler> stragglers;
+  // Per dataset, with data%order = 'epochs' on files: epochs drawn after this step (samples
+  // over windows: 1.25 is a quarter into the second epoch). Empty without epochs.
+  std::vector<double> epochs;
+};
+
+// A validation pass: the mean loss per token of each dataset's validation samples and, for a
+// blend, their mean weighted by data%weights (the expected loss on the blend); NaN when a stop
+// signal came.
+struct Validation {
+  double loss = std::nan("");
+  std::vector<double> datasets;  // one per dataset
 };
 
 // The one place that refuses (Error, exit code 2, the same on every rank) a backend%device
@@ -92,7 +104,10 @@ class Trainer {
   std::string transports() const;
 
   StepResult step(std::int64_t s);  // optimizer step s (1-based)
-  double evaluate();  // mean loss over the validation samples; NaN when a stop signal came
+  Validation evaluate();
+  // Where the training stream is (data/data.hpp): after the steps run, or as a restart set it.
+  const data::Position& data_position() const { return position_; }
+  void set_data_position(data::Position at) { position_ = std::move(at); }
   // run%consistency_every (0: does nothing): the replicas of every tensor compare checksums of
   // their compute weights — data-parallel copies, tp-replicated tensors, wte and its tied copy
   // on the last pipeline stage — and a difference throws Error(kExitRuntime, all_ranks) naming
@@ -107,9 +122,8 @@ class Trainer {
     std::unique_ptr<model::Stage<P>> stage;
     std::unique_ptr<optim::Optimizer<M>> optimizer;
   };
-  // Samples [first, first+B) of `step` (train) or of the validation set: this rank's
-  // positions of each, into the host buffers.
-  model::MicroBatch fetch(data::Split split, std::int64_t step, std::int64_t first, int B);
+  // Samples draws[0, B): this rank's positions of each, into the host buffers.
+  model::MicroBatch fetch(data::Split split, const data::Draw* draws, int B);
   void finish_gradients();
   void measure_bubble(StepResult& r);
   void moe_summary(StepResult& r);
@@ -132,7 +146,8 @@ class Trainer {
   const Config& config_;
   const Grid& grid_;
   // gradient reduction; the tp, pp, cp and ep groups; expert gradients (experts split over
-  // ep); the tied embedding's two ends (the grid's embed group). All from make_comm.
+  // ep); the tied embedding's two ends (the grid's embed group; with the V placement of zb-v
+  // both ends are the first stage's chunks: its dense-grad group). All from make_comm.
   std::unique_ptr<Comm> dense_grad_, tp_, pp_, cp_, ep_, expert_grad_, ends_;
   // The trainer's own reductions (loss, norm, expert statistics, validation, bubble, the
   // first non-finite gradient) over every rank, and the op times over the pipeline group:
@@ -144,9 +159,12 @@ class Trainer {
   std::unique_ptr<Comm> dense_grad_shards_, dense_grad_replicas_;
   std::vector<Chunk> chunks_;
   std::vector<OpList> schedule_;
-  int micro_batches_ = 0;  // per step on this pipeline
+  Pipeline pipeline_shape_;  // what schedule_ is for
+  int micro_batches_ = 0;    // per step on this pipeline
   std::unique_ptr<PipelineExecutor<P>> pipeline_;
   std::unique_ptr<data::TokenSource> data_;
+  data::Position position_;        // of the training stream, before the next step
+  std::vector<data::Draw> draws_;  // the global batch of the step being run
   optim::LrSchedule lr_schedule_;
   std::vector<int> positions_;                  // this rank's of each sample (empty: all)
   std::vector<std::int32_t> inputs_, targets_;  // one micro-batch, host

@@ -8,6 +8,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 namespace ptrain {
@@ -43,6 +44,16 @@ KOKKOS_INLINE_FUNCTION std::uint64_t bits_of(U x) {
     return b;
   }
 }
+
+// FNV-1a over n bytes, continuing from h: a hash of what ranks or runs compare (attributes,
+// a data fingerprint), not of tensors.
+inline std::uint64_t fnv1a(const void* data, std::size_t n,
+                           std::uint64_t h = 0xcbf29ce484222325ULL) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+inline std::uint64_t fnv1a(const std::string& bytes) { return fnv1a(bytes.data(), bytes.size()); }
 
 // x with bit `bit` (0: the lowest) of its stored pattern flipped: a testing fault.
 template <class U>
