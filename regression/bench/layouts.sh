@@ -6,14 +6,17 @@
 #  2. ptrain --plan --search ranks every layout of the 4 ranks by predicted tokens/s and writes
 #     the fastest as a deck;
 #  3. each layout below, and the search's choice, is priced (--plan --machine) and then run
-#     for real (mean step time of the steps after the first, from log.csv);
-#  4. the table, the Spearman rank correlation of predicted and measured step times, the median
-#     relative error, and the search's choice against the fastest measured.
+#     for real (mean step time of the steps after the first, from log.csv), in ROUNDS rounds
+#     (default 3) that take the layouts in turn, so that a machine whose speed drifts (a
+#     shared VM) slows every layout alike; a layout's measured time is its median;
+#  4. the table (with each layout's range over the rounds), the Spearman rank correlation of
+#     predicted and measured step times, the median relative error, and the search's choice
+#     against the fastest measured.
 #   regression/bench/layouts.sh [build/ptrain] [steps]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 ptrain=${1:-$here/build/ptrain}
-steps=${2:-6}
+steps=${2:-5}
 source "$here/regression/bench/launcher.sh"
 bench_launcher "$ptrain"
 tmp=$(mktemp -d)
@@ -62,33 +65,39 @@ measure() {  # measure NAME DECK OPTIONS...: mean step seconds after the first
            NR > 2 { s += $c; n++ } END { printf "%.4f", s / n }' "$tmp/$name/log.csv"
 }
 
-echo "== layouts ($steps steps each, the first not counted)"
+rounds=${ROUNDS:-3}
+echo "== layouts ($steps steps each, the first not counted; $rounds rounds)"
 rows="$tmp/rows"
 : >"$rows"
-i=0
-for entry in "${layouts[@]}" "search's choice|BEST"; do
-  name=${entry%%|*}
-  opts=${entry#*|}
-  i=$((i + 1))
-  if [ "$opts" = BEST ]; then
-    p=$(predict "$tmp/best.nml" --set run%steps="$steps")
-    t=$(measure "l$i" "$tmp/best.nml")
-  else
-    # shellcheck disable=SC2086  # the options are words
-    p=$(predict "$deck" "${model[@]}" $opts)
-    # shellcheck disable=SC2086
-    t=$(measure "l$i" "$deck" "${model[@]}" $opts)
-  fi
-  echo "$name|$p|$t" >>"$rows"
-  printf '%-22s predicted %8.4f s  measured %8.4f s\n' "$name" "$p" "$t"
+for round in $(seq "$rounds"); do
+  i=0
+  for entry in "${layouts[@]}" "search's choice|BEST"; do
+    name=${entry%%|*}
+    opts=${entry#*|}
+    i=$((i + 1))
+    if [ "$opts" = BEST ]; then
+      p=$(predict "$tmp/best.nml" --set run%steps="$steps")
+      t=$(measure "l$i.$round" "$tmp/best.nml")
+    else
+      # shellcheck disable=SC2086  # the options are words
+      p=$(predict "$deck" "${model[@]}" $opts)
+      # shellcheck disable=SC2086
+      t=$(measure "l$i.$round" "$deck" "${model[@]}" $opts)
+    fi
+    echo "$name|$p|$t" >>"$rows"
+    printf 'round %d %-22s predicted %8.4f s  measured %8.4f s\n' "$round" "$name" "$p" "$t"
+  done
 done
 
 /usr/bin/python3 - "$rows" <<'EOF'
 import sys
-rows = [l.rstrip("\n").split("|") for l in open(sys.argv[1])]
-names = [r[0] for r in rows]
-pred = [float(r[1]) for r in rows]
-meas = [float(r[2]) for r in rows]
+import statistics
+runs = [l.rstrip("\n").split("|") for l in open(sys.argv[1])]
+names = list(dict.fromkeys(r[0] for r in runs))  # in order
+pred = [float(next(r[1] for r in runs if r[0] == n)) for n in names]
+every = [[float(r[2]) for r in runs if r[0] == n] for n in names]
+meas = [statistics.median(v) for v in every]
+rows = names
 def ranks(v):
     order = sorted(range(len(v)), key=lambda i: v[i])
     r = [0.0] * len(v)
@@ -108,9 +117,10 @@ cov = sum((a - mp) * (b - mm) for a, b in zip(rp, rm))
 sp = cov / (sum((a - mp) ** 2 for a in rp) * sum((b - mm) ** 2 for b in rm)) ** 0.5
 errors = sorted(abs(p - m) / m for p, m in zip(pred, meas))
 median = errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2
-print(f"{'layout':22s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'rank p/m':>9s}")
+print(f"{'layout':22s} {'predicted s':>12s} {'measured s':>11s} {'range':>15s} {'error':>7s} {'rank p/m':>9s}")
 for k in range(n):
-    print(f"{names[k]:22s} {pred[k]:12.4f} {meas[k]:11.4f} {100 * (pred[k] - meas[k]) / meas[k]:+6.1f}% {int(rp[k]):4d}/{int(rm[k]):<4d}")
+    spread = f"{min(every[k]):.3f}-{max(every[k]):.3f}"
+    print(f"{names[k]:22s} {pred[k]:12.4f} {meas[k]:11.4f} {spread:>15s} {100 * (pred[k] - meas[k]) / meas[k]:+6.1f}% {rp[k]:4.0f}/{rm[k]:<4.0f}")
 best = meas[-1]
 fastest = min(meas)
 print(f"Spearman rank correlation {sp:.3f} (target >= 0.8); median |error| {100 * median:.1f}% "

@@ -322,6 +322,53 @@ double overlap_share(MPI_Comm raw) {
   return std::clamp(share, 0.0, 1.0);
 }
 
+// ---- shared cores ----------------------------------------------------------------------------
+
+// A node running more rank threads than it has CPUs: how much faster a rank alone computes
+// than with every rank of the node computing (`scale`), how many ranks' worth of compute the
+// node has (`cores`: ranks over scale), and the share of a core a rank waiting in MPI still
+// takes (`wait_load`). A gemm's time with all n ranks computing, with one (the others waiting
+// in a barrier), and with floor(cores) of them: sharing, that one takes
+// t_one * max(1, (k + wait_load * (n - k)) / cores) with k computing.
+struct SharedCores {
+  double scale = 1, cores = 0, wait_load = 0;
+};
+
+SharedCores shared_cores(MPI_Comm node) {
+  const int n = mpi::size(node), me = mpi::rank(node);
+  const int dim = 192;
+  Kokkos::View<float*> a("calibrate::wa", dim * dim), b("calibrate::wb", dim * dim),
+      c("calibrate::wc", dim * dim);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  auto gemm = [&] {
+    kernels::gemm<float>(false, false, dim, dim, dim, 1, a, b, 0, c);
+    Kokkos::fence();
+  };
+  const double all = timed(node, 0.2, gemm);
+  const int calls = int(std::clamp(0.2 / std::max(all, 1e-9), 1.0, 10000.0));
+  auto with = [&](int k) {  // seconds a call with ranks 0..k-1 computing, the others waiting
+    MPI_Barrier(node);
+    const double t0 = wall_seconds();
+    if (me < k)
+      for (int i = 0; i < calls; ++i) gemm();
+    double mine = me < k ? (wall_seconds() - t0) / calls : 0;
+    MPI_Barrier(node);  // the others wait here, in MPI
+    MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_SUM, node);
+    return mine / k;
+  };
+  SharedCores out;
+  const double one = with(1);
+  out.scale = std::max(1.0, all / one);
+  out.cores = std::clamp(double(n) / out.scale, 1.0, double(n));
+  const int k = int(out.cores);
+  if (k > 1 && k < n) {
+    const double slowed = with(k) / one;
+    out.wait_load = std::clamp((slowed * out.cores - k) / double(n - k), 0.0, 1.0);
+  }
+  return out;
+}
+
 // ---- the deck itself -------------------------------------------------------------------------
 
 // This rank's mean compute per step (forward, backward, optimizer; time blocked in
@@ -430,17 +477,23 @@ Config calibrate(const Config& config, const Grid& grid, int threads) {
     const double over = double(demand) / double(cpus);
     const bool oversubscribed = mpi::max(world, over > 1 ? 1 : 0) > 0;
     if (oversubscribed) {
-      const double scale =
-          double(mpi::max(world, std::int64_t(std::llround(1000 * std::max(1.0, over))))) / 1000;
-      mc.cores_per_node = std::max<std::int64_t>(1, cpus / std::max(1, threads));
+      // Node 0's rank 0 speaks for every node.
+      SharedCores shared = shared_cores(grid.node_comm());
+      MPI_Bcast(&shared, 3, MPI_DOUBLE, 0, world);
+      const double scale = shared.scale;
+      mc.cores_per_node = shared.cores;
+      mc.wait_load = shared.wait_load;
       for (double* rate :
            {&mc.gemm_gflops_fp32, &mc.gemm_gflops_bf16, &mc.gemm_gflops_fp64, &mc.attention_gflops,
             &mc.attention_backward_gflops, &mc.elementwise_gbs, &mc.optimizer_gbs})
         *rate *= scale;
       mc.gemm_overhead_us = std::max(mc.gemm_overhead_us / scale, 1e-3);
-      said(cat("a node runs ", demand, " rank thread(s) on ", cpus, " CPU(s): rates above are ",
-               fixed("%.2f", scale),
-               " times a rank's alone; cores_per_node = ", mc.cores_per_node));
+      said(cat("a node runs ", demand, " rank thread(s) on ", cpus,
+               " CPU(s): a rank alone computes ", fixed("%.2f", scale),
+               " times faster than with all computing (the rates are a rank's alone); "
+               "cores_per_node = ",
+               fixed("%.2f", mc.cores_per_node), "; a rank waiting in MPI takes ",
+               fixed("%.0f%%", 100 * mc.wait_load), " of a core"));
     }
   }
 

@@ -13,7 +13,8 @@
 //    no such group here (one rank a node, one node) keeps the node class's figure, and the
 //    machine's name says which were not measured;
 //  * oversubscription: a node running more rank threads than it has CPUs (measured above with
-//    every rank computing) gets the rates of a rank alone and machine%cores_per_node;
+//    every rank computing) gets the rates of a rank alone, machine%cores_per_node, and the
+//    share of a core a rank waiting in MPI still takes (machine%wait_load);
 //  * the deck itself: a few real steps on this grid, each phase's compute (its time less the
 //    time blocked in communication) against the model's: forward, backward and optimizer
 //    factors the model scales by.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <tuple>
 
 #include "deck/deck.hpp"
 #include "model/layout.hpp"
@@ -300,6 +302,7 @@ Machine machine_of(const Config& config) {
   std::sort(m.defaulted.begin(), m.defaulted.end());
   m.defaulted.erase(std::unique(m.defaulted.begin(), m.defaulted.end()), m.defaulted.end());
   m.cores = double(x.cores_per_node);
+  m.wait_load = x.wait_load;
   m.forward_factor = x.forward_factor, m.backward_factor = x.backward_factor;
   m.optimizer_factor = x.optimizer_factor;
   return m;
@@ -490,84 +493,128 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ma
     if (p == 0) stage0_comm = groups;
   }
 
-  // The ranks of each stage on the busiest node, for shared cores.
-  std::vector<double> on_node(stages, 0.0);
+  // Shared cores: for each stage p, the ranks of every stage q on the node of p's first
+  // rank (together[p][q]), and the most ranks on any node.
+  std::vector<std::vector<double>> together(stages, std::vector<double>(stages, 0.0));
   double node_ranks = 0;
   if (m.cores > 0) {
-    std::vector<int> per_node(std::size_t(layout.num_nodes()), 0);
-    for (int r = 0; r < layout.world(); ++r) ++per_node[std::size_t(layout.node(r))];
-    const int busiest = int(std::max_element(per_node.begin(), per_node.end()) - per_node.begin());
-    for (int r = 0; r < layout.world(); ++r)
-      if (layout.node(r) == busiest) on_node[std::size_t(layout.coords(r)[int(Axis::p)])] += 1;
-    node_ranks = double(per_node[std::size_t(busiest)]);
+    std::vector<std::vector<double>> per_node(std::size_t(layout.num_nodes()),
+                                              std::vector<double>(stages, 0.0));
+    std::vector<int> first_node(stages, -1);
+    for (int r = 0; r < layout.world(); ++r) {
+      const auto q = std::size_t(layout.coords(r)[int(Axis::p)]);
+      per_node[std::size_t(layout.node(r))][q] += 1;
+      if (first_node[q] < 0) first_node[q] = layout.node(r);
+    }
+    for (std::size_t p = 0; p < stages; ++p) together[p] = per_node[std::size_t(first_node[p])];
+    for (const auto& n : per_node)
+      node_ranks = std::max(node_ranks, std::accumulate(n.begin(), n.end(), 0.0));
+  }
+  // Every rank of the node computing at once: what the optimizer and a P = 1 step see.
+  const double all_busy = m.cores > 0 ? std::max(1.0, node_ranks / m.cores) : 1.0;
+
+  // Each stage's op times per chunk: `computing` scales with shared cores, `fixed` (the
+  // communication inside the op) does not. A split backward's W is part of its backward.
+  struct OpParts {
+    std::vector<std::vector<double>> tf, tb, tw;
+  };
+  OpParts work_part, fixed;
+  for (auto* o : {&work_part, &fixed})
+    o->tf.resize(stages), o->tb.resize(stages), o->tw.resize(stages);
+  for (int p = 0; p < P; ++p) {
+    const StageCost& st = stage[std::size_t(p)];
+    const auto q = std::size_t(p);
+    const double part = v > 1 ? 1.0 / double(v) : 1.0;
+    // A split backward's W: the weight gradients and the reduction that follows them.
+    const double dp_in_backward = part * st.dp_in_op * (par.zero == 3 ? 0.5 : 1.0);
+    for (const ChunkCompute& k : st.chunks) {
+      work_part.tf[q].push_back(k.forward);
+      work_part.tb[q].push_back(k.backward + k.recompute);
+      work_part.tw[q].push_back(k.weight);
+      fixed.tf[q].push_back(part * st.in_op / 2 + st.pp_message +
+                            (par.zero == 3 ? part * st.dp_in_op / 2 : 0.0));
+      fixed.tb[q].push_back(part * st.in_op / 2 + st.pp_message + dp_in_backward);
+      fixed.tw[q].push_back(dp_in_backward);
+    }
   }
 
-  // The schedule with these op times, each stage's compute slowed by its share, from every
-  // rank of the node computing at once (what the optimizer and a P = 1 step see).
-  const double all_busy = m.cores > 0 ? std::max(1.0, node_ranks / m.cores) : 1.0;
   std::vector<double> share(stages, all_busy);
   double makespan = 0, waiting = 0;
-  auto run_schedule = [&] {
-    std::vector<std::vector<double>> tf(stages), tb(stages), tw(stages);
-    for (int p = 0; p < P; ++p) {
-      const StageCost& st = stage[std::size_t(p)];
-      const double x = share[std::size_t(p)];
-      const double part = v > 1 ? 1.0 / double(v) : 1.0;
-      for (const ChunkCompute& k : st.chunks) {
-        tf[std::size_t(p)].push_back(x * k.forward + part * st.in_op / 2 + st.pp_message +
-                                     (par.zero == 3 ? part * st.dp_in_op / 2 : 0.0));
-        // A split backward's W: the weight gradients and the reduction that follows them.
-        const double dp_in_backward = part * st.dp_in_op * (par.zero == 3 ? 0.5 : 1.0);
-        tb[std::size_t(p)].push_back(x * (k.backward + k.recompute) + part * st.in_op / 2 +
-                                     st.pp_message + dp_in_backward);
-        tw[std::size_t(p)].push_back(x * k.weight + dp_in_backward);
+  if (P == 1) {
+    for (int c = 0; c < v; ++c)
+      makespan +=
+          mb * (all_busy * (work_part.tf[0][std::size_t(c)] + work_part.tb[0][std::size_t(c)]) +
+                fixed.tf[0][std::size_t(c)] + fixed.tb[0][std::size_t(c)]);
+  } else if (double(P) * mb * double(v) * 2 > kSimulatedComputes) {
+    // Closed form: the slowest rank's work, plus the pipeline's fill and drain at the mean
+    // op time (the equal-stage bubble (p-1)/(v*m+p-1) when stages are equal).
+    double most = 0, sum = 0;
+    for (std::size_t p = 0; p < stages; ++p) {
+      double r = 0;
+      for (int c = 0; c < v; ++c) {
+        const auto k = std::size_t(c);
+        r += all_busy * (work_part.tf[p][k] + work_part.tb[p][k]) + fixed.tf[p][k] + fixed.tb[p][k];
+      }
+      most = std::max(most, mb * r), sum += r / double(v);
+    }
+    makespan = most + double(P - 1) * sum / double(P);
+    waiting = makespan - most;
+  } else {
+    const ScheduleKind kind = schedule_kind(par.pp_schedule);
+    const auto lists = make_schedule(kind, P, int(mb), v);
+    const Pipeline pipe = pipeline_of(kind, P, int(mb), v);
+    const auto work = op_seconds(lists, work_part.tf, work_part.tb, work_part.tw);
+    const auto wait = op_seconds(lists, fixed.tf, fixed.tb, fixed.tw);
+    // Each compute's slowdown on shared cores, from every rank of its node computing at once.
+    std::vector<std::vector<double>> slow(stages);
+    for (std::size_t p = 0; p < stages; ++p) slow[p].assign(work[p].size(), all_busy);
+    auto simulate = [&] {
+      std::vector<std::vector<double>> seconds(stages);
+      for (std::size_t p = 0; p < stages; ++p)
+        for (std::size_t k = 0; k < work[p].size(); ++k)
+          seconds[p].push_back(slow[p][k] * work[p][k] + wait[p][k]);
+      return std::pair{simulate_schedule(lists, pipe, seconds), seconds};
+    };
+    auto [timing, seconds] = simulate();
+    if (all_busy > 1) {
+      // Processor sharing, iterated to a fixed point: a compute of stage p is slowed by its
+      // own stage's ranks of the node (they run in step) and, over its interval, by each other
+      // stage's ranks there while they compute (or wait_load of a core while they wait).
+      for (int iteration = 0; iteration < 40; ++iteration) {
+        double change = 0;
+        for (std::size_t p = 0; p < stages; ++p) {
+          for (std::size_t k = 0; k < work[p].size(); ++k) {
+            const double s0 = timing.compute_start[p][k], s1 = s0 + seconds[p][k];
+            double busy = together[p][p];
+            for (std::size_t q = 0; q < stages; ++q) {
+              if (q == p || together[p][q] <= 0 || s1 <= s0) continue;
+              double overlap = 0;  // of q's computing with [s0, s1)
+              for (std::size_t j = 0; j < work[q].size(); ++j) {
+                const double a = timing.compute_start[q][j];
+                const double b = a + seconds[q][j];
+                if (b <= s0 || a >= s1 || seconds[q][j] <= 0) continue;
+                overlap +=
+                    (std::min(b, s1) - std::max(a, s0)) * slow[q][j] * work[q][j] / seconds[q][j];
+              }
+              const double f = std::min(1.0, overlap / (s1 - s0));
+              busy += together[p][q] * (f + m.wait_load * (1 - f));
+            }
+            const double next = std::max(1.0, busy / m.cores);
+            change = std::max(change, std::abs(next - slow[p][k]));
+            slow[p][k] = (slow[p][k] + next) / 2;  // damped
+          }
+        }
+        std::tie(timing, seconds) = simulate();
+        if (change < 1e-4) break;
       }
     }
-    makespan = waiting = 0;
-    if (P == 1) {
-      for (int c = 0; c < v; ++c) makespan += mb * (tf[0][std::size_t(c)] + tb[0][std::size_t(c)]);
-    } else if (double(P) * mb * double(v) * 2 <= kSimulatedComputes) {
-      const ScheduleKind kind = schedule_kind(par.pp_schedule);
-      const auto lists = make_schedule(kind, P, int(mb), v);
-      const ScheduleTiming t =
-          simulate_schedule(lists, pipeline_of(kind, P, int(mb), v), op_seconds(lists, tf, tb, tw));
-      makespan = t.makespan;
-      for (double w : t.waiting) waiting = std::max(waiting, w);
-    } else {
-      // Closed form: the slowest rank's work, plus the pipeline's fill and drain at the mean
-      // op time (the equal-stage bubble (p-1)/(v*m+p-1) when stages are equal).
-      double most = 0, sum = 0;
-      for (int p = 0; p < P; ++p) {
-        double r = 0;
-        for (int c = 0; c < v; ++c)
-          r += tf[std::size_t(p)][std::size_t(c)] + tb[std::size_t(p)][std::size_t(c)];
-        most = std::max(most, mb * r), sum += r / double(v);
-      }
-      makespan = most + double(P - 1) * sum / double(P);
-      waiting = makespan - most;
-    }
-  };
-  run_schedule();
-  if (all_busy > 1 && P > 1) {
-    // A stage's ranks compute in step; another stage's are busy for their share of the
-    // step. Damped fixed point: shares from the last schedule, averaged with the last shares.
-    for (int iteration = 0; iteration < 30; ++iteration) {
-      double change = 0;
-      std::vector<double> next(stages);
-      for (int p = 0; p < P; ++p) {
-        double busy = on_node[std::size_t(p)];
-        for (int q = 0; q < P; ++q)
-          if (q != p && makespan > 0)
-            busy += on_node[std::size_t(q)] *
-                    std::min(1.0, share[std::size_t(q)] * stage[std::size_t(q)].compute / makespan);
-        next[std::size_t(p)] =
-            on_node[std::size_t(p)] > 0 ? std::max(1.0, busy / m.cores) : share[std::size_t(p)];
-        change = std::max(change, std::abs(next[std::size_t(p)] - share[std::size_t(p)]));
-      }
-      for (int p = 0; p < P; ++p)
-        share[std::size_t(p)] = (share[std::size_t(p)] + next[std::size_t(p)]) / 2;
-      run_schedule();
-      if (change < 1e-4) break;
+    makespan = timing.makespan;
+    for (double w : timing.waiting) waiting = std::max(waiting, w);
+    for (std::size_t p = 0; p < stages; ++p) {  // each stage's mean slowdown, by its work
+      double num = 0, den = 0;
+      for (std::size_t k = 0; k < work[p].size(); ++k)
+        num += slow[p][k] * work[p][k], den += work[p][k];
+      share[p] = den > 0 ? num / den : all_busy;
     }
   }
 
@@ -623,7 +670,7 @@ std::string describe_prediction(const StepPrediction& p) {
     if (g.exposed > 0)
       comm += cat(", ", group_name(g.group), " ", fixed("%.3g", g.exposed),
                   g.across_nodes ? " (across nodes)" : "");
-  return cat("step ", fixed("%.3g", p.step), " s: forward ", fixed("%.3g", p.forward),
+  return cat("step ", fixed("%.4g", p.step), " s: forward ", fixed("%.3g", p.forward),
              ", backward ", fixed("%.3g", p.backward), ", recompute ", fixed("%.3g", p.recompute),
              ", bubble ", fixed("%.1f%%", 100 * p.bubble), ", optimizer ",
              fixed("%.3g", p.optimizer), comm.empty() ? "" : ", exposed" + comm.substr(1), " | ",

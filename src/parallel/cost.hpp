@@ -53,6 +53,7 @@ struct Machine {
   // Ranks of a node that compute at full rate at once (0: each rank has its own cores). A
   // node running more shares them: its ranks computing at one time run at cores / busy.
   double cores = 0;
+  double wait_load = 0;  // with cores: the share of a core a rank waiting in MPI still takes
   double forward_factor = 1, backward_factor = 1, optimizer_factor = 1;
   std::vector<std::string> defaulted;  // the keys taken from the node class
 

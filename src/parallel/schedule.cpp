@@ -713,6 +713,10 @@ ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, const Pipelin
     timing.idle_fraction.push_back(idle);
     timing.waiting.push_back(rp.finish[std::size_t(r)] - busy);
     timing.bubble = std::max(timing.bubble, idle);
+    auto& starts = timing.compute_start.emplace_back();
+    const OpList& ops = lists[std::size_t(r)];
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      if (is_compute(ops[i].kind)) starts.push_back(rp.start[std::size_t(r)][i]);
   }
   return timing;
 }

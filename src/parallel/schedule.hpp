@@ -127,6 +127,8 @@ struct ScheduleTiming {
   // Per rank, the time it waits for messages before its own last op ends (idle time less
   // the tail after it): what a rank measures as waits on the pipeline group.
   std::vector<double> waiting;
+  // Per rank, when each of its computes starts (in list order).
+  std::vector<std::vector<double>> compute_start;
 };
 ScheduleTiming simulate_schedule(const std::vector<OpList>& lists, const Pipeline& pipe,
                                  const OpTimes& times = {});
