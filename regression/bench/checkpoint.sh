@@ -17,8 +17,8 @@ disk=$(awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/ && $(i+1) ~ /B\/s/)
             END { m = (u == "GB/s") ? 1000 : (u == "MB/s") ? 1 : (u == "kB/s") ? 0.001 : 0; print v * m }' <<<"$dd_out")
 echo "disk: dd sequential write (1.5 GiB, fdatasync) = $disk MB/s"
 
-shape=(--set model%vocab=50304 --set model%seq_len=256 --set train%global_batch=4 --set train%micro_batch=2
-       --set run%eval_every=0 --set data%val_fraction=0 --set backend%peak_gflops=100)
+base=(--set model%vocab=50304 --set run%eval_every=0 --set data%val_fraction=0 --set backend%peak_gflops=100)
+shape=("${base[@]}" --set model%seq_len=256 --set train%global_batch=4 --set train%micro_batch=2)
 mbps() {  # the MiB/s figure of a "... = X MiB/s" or "GiB/s" log line, in MB/s
   sed -n "s/.* = \([0-9.]*\) \([KMG]iB\)\/s $1.*/\1 \2/p" "$2" | head -1 |
     awk '{ m = ($2 == "GiB") ? 1073.741824 : ($2 == "MiB") ? 1.048576 : 0.001024; printf "%.0f", $1 * m }'
@@ -36,31 +36,34 @@ for np in 1 2; do
   rm -rf "$out"
 done
 
-# The step-time cost of a checkpoint (issue 29): the same 11 steps on 2 ranks (ZeRO 1) without
+# The step-time cost of a checkpoint (issue 29): the same 16 steps on 2 ranks (ZeRO 1) without
 # a checkpoint, with one after step 6 written in the step (sync), and with it written in the
-# background (checkpoint%async) while steps 7-11 run; wall time of the whole run, rounds in
+# background (checkpoint%async) while steps 7-16 run; wall time of the whole run, rounds in
 # alternating order. cost = (run - run without) per checkpoint, against the sync cost.
 rounds=${ROUNDS:-3}
 cost=(--set train%global_batch=2 --set train%micro_batch=1 --set model%seq_len=128
-      --set run%steps=11 --set run%log_every=1000 --set checkpoint%every=6)
+      --set run%steps=16 --set run%log_every=1000)
 timed() {  # timed NAME [--set ...]: seconds of one run
   local name=$1 t0 t1
   shift
   rm -rf "$dir/$name"
   t0=$(date +%s.%N)
-  "${mpirun[@]}" -np 2 "$ptrain" "$here/input/gpt2-124m.nml" "${shape[@]}" "${cost[@]}" \
-    --set parallel%zero=1 --set run%out_dir="'$dir/$name'" "$@" >"$dir/$name.log" 2>&1
+  "${mpirun[@]}" -np 2 "$ptrain" "$here/input/gpt2-124m.nml" "${base[@]}" "${cost[@]}" \
+    --set parallel%zero=1 --set run%out_dir="'$dir/$name'" "$@" >"$dir/$name.log" 2>&1 ||
+    { echo "run $name failed: $(grep -v '^ ' "$dir/$name.log" | tail -3)" >&2; exit 1; }
   t1=$(date +%s.%N)
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
 }
 echo
-echo "checkpoint step cost: 11 steps, one checkpoint after step 6, 2 ranks, ZeRO 1 ($rounds rounds)"
+echo "checkpoint step cost: 16 steps, one checkpoint after step 6, 2 ranks, ZeRO 1 ($rounds rounds)"
 printf '%-6s %10s %10s %10s %12s %12s %8s\n' round "none s" "sync s" "async s" "sync cost" "async cost" "ratio"
 for k in $(seq "$rounds"); do
   if [ $((k % 2)) = 1 ]; then
-    n=$(timed none --set checkpoint%every=0); s=$(timed sync); a=$(timed async --set checkpoint%async=.true.)
+    n=$(timed none --set checkpoint%every=0); s=$(timed sync --set checkpoint%every=6)
+    a=$(timed async --set checkpoint%every=6 --set checkpoint%async=.true.)
   else
-    a=$(timed async --set checkpoint%async=.true.); s=$(timed sync); n=$(timed none --set checkpoint%every=0)
+    a=$(timed async --set checkpoint%every=6 --set checkpoint%async=.true.)
+    s=$(timed sync --set checkpoint%every=6); n=$(timed none --set checkpoint%every=0)
   fi
   grep -q "checkpoint: step 6 -> .*in the background" "$dir/async.log" || { echo "async run: no background write"; exit 1; }
   awk -v k="$k" -v n="$n" -v s="$s" -v a="$a" 'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %12.2f %12.2f %8.2f\n",
