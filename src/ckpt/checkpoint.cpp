@@ -17,6 +17,7 @@
 #include "ckpt/h5.hpp"
 #include "ckpt/weights.hpp"
 #include "util/error.hpp"
+#include "util/timer.hpp"
 
 namespace ptrain::ckpt {
 

@@ -386,15 +386,6 @@ h5::Handle create_file(const std::string& path, MPI_Comm comm, const char* forma
   return file;
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_datasets,
                                   const std::map<std::string, std::string>& attributes) {
   // Observed: about 400 bytes of metadata per dataset; the attributes are stored once.

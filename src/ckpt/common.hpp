@@ -276,9 +276,6 @@ h5::Handle create_file(const std::string& path, MPI_Comm comm, const char* forma
                        const std::map<std::string, std::string>& attributes,
                        const std::string& where);
 
-// The time now, UTC, ISO 8601: "2026-12-04T08:00:00Z".
-std::string utc_now();
-
 // A generous size of a file of `n_datasets` datasets holding `data_bytes` in all, with the
 // root `attributes` (HDF5's metadata included).
 std::int64_t estimated_file_bytes(std::int64_t data_bytes, std::size_t n_datasets,

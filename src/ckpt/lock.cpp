@@ -23,6 +23,7 @@
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/mpi.hpp"
+#include "util/timer.hpp"
 
 namespace ptrain::ckpt {
 
@@ -168,9 +169,8 @@ bool set_aside(const std::string& path, const struct stat& judged) {
 std::string create_lock(const std::string& path, Held& held) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   if (fd < 0) return errno == EEXIST ? "exists" : std::strerror(errno);
-  const std::string text =
-      cat("host = ", this_host(), "\npid = ", getpid(), "\nslurm_job = ", this_job(),
-          "\nstarted = ", detail::utc_now(), "\n");
+  const std::string text = cat("host = ", this_host(), "\npid = ", getpid(),
+                               "\nslurm_job = ", this_job(), "\nstarted = ", utc_now(), "\n");
   struct stat st {};
   int err = write(fd, text.data(), text.size()) == ssize_t(text.size()) ? 0 : (errno ? errno : EIO);
   if (!err && fsync(fd) != 0 && errno != EINVAL) err = errno;

@@ -1,12 +1,9 @@
 #include "parallel/calibrate.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <memory>
 #include <set>
 #include <thread>
@@ -396,21 +393,6 @@ std::array<double, 3> measured_phases(const Config& config, const Grid& grid, in
   return deck_phases<Bf16>(config, grid, steps);
 }
 
-std::string host_name() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  return host;
-}
-
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
-
 }  // namespace
 
 Config calibrate(const Config& config, const Grid& grid, int threads) {
@@ -573,8 +555,8 @@ Config calibrate(const Config& config, const Grid& grid, int threads) {
           nodes > 1 ? "" : "; across nodes not measured (node class figures)");
   mc.name = mpi::broadcast(
       world, 0,
-      cat("calibrated ", today(), " on ", host_name(), ", ", grid.world_size(), " rank(s), ",
-          grid.ranks_per_node(), " a node, deck ", config.deck_path, unmeasured));
+      cat("calibrated ", utc_now("%Y-%m-%d"), " on ", mpi::host_name(), ", ", grid.world_size(),
+          " rank(s), ", grid.ranks_per_node(), " a node, deck ", config.deck_path, unmeasured));
   // Rates not measured keep 0 (the node class's figure).
   return out;
 }
