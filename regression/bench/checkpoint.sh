@@ -36,11 +36,13 @@ for np in 1 2; do
   rm -rf "$out"
 done
 
-# The step-time cost of a checkpoint (issue 29): the same 16 steps on 2 ranks (ZeRO 1) without
+# The step-time cost of a checkpoint (issue 29): the same 16 steps on COST_RANKS ranks (ZeRO 1) without
 # a checkpoint, with one after step 6 written in the step (sync), and with it written in the
 # background (checkpoint%async) while steps 7-16 run; wall time of the whole run, rounds in
 # alternating order. cost = (run - run without) per checkpoint, against the sync cost.
+# COST_RANKS (default 2) sets the ranks: a background write needs a core the steps leave free.
 rounds=${ROUNDS:-3}
+cost_ranks=${COST_RANKS:-2}
 cost=(--set train%global_batch=2 --set train%micro_batch=1 --set model%seq_len=128
       --set run%steps=16 --set run%log_every=1000)
 timed() {  # timed NAME [--set ...]: seconds of one run
@@ -48,14 +50,14 @@ timed() {  # timed NAME [--set ...]: seconds of one run
   shift
   rm -rf "$dir/$name"
   t0=$(date +%s.%N)
-  "${mpirun[@]}" -np 2 "$ptrain" "$here/input/gpt2-124m.nml" "${base[@]}" "${cost[@]}" \
+  "${mpirun[@]}" -np "$cost_ranks" "$ptrain" "$here/input/gpt2-124m.nml" "${base[@]}" "${cost[@]}" \
     --set parallel%zero=1 --set run%out_dir="'$dir/$name'" "$@" >"$dir/$name.log" 2>&1 ||
     { echo "run $name failed: $(grep -v '^ ' "$dir/$name.log" | tail -3)" >&2; exit 1; }
   t1=$(date +%s.%N)
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
 }
 echo
-echo "checkpoint step cost: 16 steps, one checkpoint after step 6, 2 ranks, ZeRO 1 ($rounds rounds)"
+echo "checkpoint step cost: 16 steps, one checkpoint after step 6, $cost_ranks rank(s), ZeRO 1 ($rounds rounds)"
 printf '%-6s %10s %10s %10s %12s %12s %8s\n' round "none s" "sync s" "async s" "sync cost" "async cost" "ratio"
 for k in $(seq "$rounds"); do
   if [ $((k % 2)) = 1 ]; then

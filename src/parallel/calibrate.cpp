@@ -125,13 +125,14 @@ std::vector<GemmShape> deck_gemm_shapes(const Config& config) {
 
 template <class T>
 double gemm_call_seconds(MPI_Comm comm, double budget, const GemmShape& s) {
-  const auto [M, N, K] = s;
-  Kokkos::View<T*> a("calibrate::a", std::size_t(M * K)), b("calibrate::b", std::size_t(K * N)),
-      c("calibrate::c", std::size_t(M * N));
+  // Plain ints, not structured bindings: a lambda may not capture those in C++17.
+  const int M = int(std::get<0>(s)), N = int(std::get<1>(s)), K = int(std::get<2>(s));
+  Kokkos::View<T*> a("calibrate::a", std::size_t(M) * std::size_t(K)),
+      b("calibrate::b", std::size_t(K) * std::size_t(N)),
+      c("calibrate::c", std::size_t(M) * std::size_t(N));
   Kokkos::deep_copy(a, T(0.5f));
   Kokkos::deep_copy(b, T(0.25f));
-  return timed(comm, budget,
-               [&] { kernels::gemm<T>(false, false, int(M), int(N), int(K), 1, a, b, 0, c); });
+  return timed(comm, budget, [&] { kernels::gemm<T>(false, false, M, N, K, 1, a, b, 0, c); });
 }
 
 struct GemmFit {
