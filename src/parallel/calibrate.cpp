@@ -30,27 +30,39 @@ namespace ptrain::parallel {
 
 namespace {
 
+// Every rank of `comm` has arrived before any goes on (an all-reduce of nothing).
+void line_up(Comm& comm) {
+  double nothing = 0;
+  comm.all_reduce_sum_now(&nothing, 1);
+}
+
+// x[0..n) as rank 0 of `comm` has it, on every rank.
+void from_rank0(Comm& comm, double* x, int n) {
+  if (comm.rank() != 0) std::fill(x, x + n, 0.0);
+  comm.all_reduce_sum_now(x, n);
+}
+
 // Seconds per call of f() on this rank, every rank starting together: f() once to warm up and
 // size the run, then as many calls as take about `budget` seconds (at least one; the same
 // number on every rank, as f may be a collective); the median over the ranks.
 template <class F>
-double timed(MPI_Comm comm, double budget, F&& f) {
-  MPI_Barrier(comm);
+double timed(Comm& comm, double budget, F&& f) {
+  line_up(comm);
   double once = wall_seconds();
   f();
   Kokkos::fence();
   once = wall_seconds() - once;
-  MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm);
+  comm.all_reduce_max(&once, 1, Space::host).wait();
   const int calls = int(std::clamp(budget / std::max(once, 1e-9), 1.0, 1000.0));
-  MPI_Barrier(comm);
+  line_up(comm);
   const double t0 = wall_seconds();
   for (int k = 0; k < calls; ++k) {
     f();
     Kokkos::fence();
   }
   const double mine = (wall_seconds() - t0) / calls;
-  std::vector<double> all(std::size_t(mpi::size(comm)));
-  MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm);
+  std::vector<double> all(std::size_t(comm.size()));
+  comm.all_gather(&mine, all.data(), std::vector<int>(all.size(), 1), Space::host).wait();
   std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(all.size() / 2), all.end());
   return all[all.size() / 2];
 }
@@ -124,7 +136,7 @@ std::vector<GemmShape> deck_gemm_shapes(const Config& config) {
 }
 
 template <class T>
-double gemm_call_seconds(MPI_Comm comm, double budget, const GemmShape& s) {
+double gemm_call_seconds(Comm& comm, double budget, const GemmShape& s) {
   // Plain ints, not structured bindings: a lambda may not capture those in C++17.
   const int M = int(std::get<0>(s)), N = int(std::get<1>(s)), K = int(std::get<2>(s));
   Kokkos::View<T*> a("calibrate::a", std::size_t(M) * std::size_t(K)),
@@ -143,7 +155,7 @@ struct GemmFit {
 // t = a F + b F / d + o with F = 2MNK: peak = 1/a, half dimension b/a, overhead o. Shapes
 // whose one call would take more than ~0.2 s at a first probe's rate are left out.
 template <class T>
-GemmFit fit_gemm(MPI_Comm comm, const std::vector<GemmShape>& shapes) {
+GemmFit fit_gemm(Comm& comm, const std::vector<GemmShape>& shapes) {
   const double probe = 2.0 * 512 * 512 * 512 / gemm_call_seconds<T>(comm, 0.05, {512, 512, 512});
   std::vector<std::vector<double>> x;
   std::vector<double> y;
@@ -175,7 +187,7 @@ GemmFit fit_gemm(MPI_Comm comm, const std::vector<GemmShape>& shapes) {
 // ---- attention, row kernels, optimizer -------------------------------------------------------
 
 template <class T>
-std::pair<double, double> attention_rates(MPI_Comm comm, const Config& config) {
+std::pair<double, double> attention_rates(Comm& comm, const Config& config) {
   using A = accumulate_t<T>;
   const model::Dims d = model::dims_of(config);
   const int B = int(config.train.micro_batch), S = int(d.S / config.parallel.cp),
@@ -198,7 +210,7 @@ std::pair<double, double> attention_rates(MPI_Comm comm, const Config& config) {
 
 // Bytes per second of LayerNorm's forward and GELU's, by the cost model's byte counts.
 template <class T>
-double elementwise_rate(MPI_Comm comm, const Config& config) {
+double elementwise_rate(Comm& comm, const Config& config) {
   using A = accumulate_t<T>;
   const model::Dims d = model::dims_of(config);
   const int N = int(config.train.micro_batch * d.S), C = int(d.C);
@@ -217,7 +229,7 @@ double elementwise_rate(MPI_Comm comm, const Config& config) {
 }
 
 template <class M, class G>
-double optimizer_rate(MPI_Comm comm, const Config& config) {
+double optimizer_rate(Comm& comm, const Config& config) {
   const std::size_t n = std::size_t(1) << 22;
   Kokkos::View<M*> p("calibrate::p", n);
   Kokkos::View<G*> grad("calibrate::grad", n);
@@ -238,10 +250,9 @@ struct CommFit {
 };
 
 // The four operations over `comm` (more than one rank) at 64 B .. 16 MiB, fitted.
-CommFit fit_comm(MPI_Comm raw) {
+CommFit fit_comm(Comm& comm) {
   CommFit out;
-  auto comm = make_comm(raw, "calibrate");
-  const int n = comm->size();
+  const int n = comm.size();
   if (n < 2) return out;
   out.measured = true;
   const std::size_t most = std::size_t(4) << 20;  // floats: 16 MiB
@@ -252,28 +263,28 @@ CommFit fit_comm(MPI_Comm raw) {
     for (std::size_t count = 16; count <= most; count *= 8) {
       const std::size_t per = std::max<std::size_t>(1, count / std::size_t(n));
       double bytes = 0;
-      const double t = timed(raw, 0.02, [&] {
-        const double before = comm->stats().bytes;
+      const double t = timed(comm, 0.02, [&] {
+        const double before = comm.stats().bytes;
         switch (op) {
           case 0:
-            comm->all_reduce_sum(a.data(), count).wait();
+            comm.all_reduce_sum(a.data(), count).wait();
             break;
           case 1:
-            comm->all_gather(a.data(), b.data(), std::vector<int>(std::size_t(n), int(per))).wait();
+            comm.all_gather(a.data(), b.data(), std::vector<int>(std::size_t(n), int(per))).wait();
             break;
           case 2:
-            comm->all_to_all(a.data(), b.data(), per).wait();
+            comm.all_to_all(a.data(), b.data(), per).wait();
             break;
           default: {  // pairs 0-1, 2-3, ...: each sends and receives count floats
-            const int peer = comm->rank() ^ 1;
+            const int peer = comm.rank() ^ 1;
             if (peer < n) {
-              auto r = comm->recv(b.data(), count, peer, 7);
-              comm->send(a.data(), count, peer, 7).wait();
+              auto r = comm.recv(b.data(), count, peer, 7);
+              comm.send(a.data(), count, peer, 7).wait();
               r.wait();
             }
           }
         }
-        bytes = comm->stats().bytes - before;
+        bytes = comm.stats().bytes - before;
       });
       const double steps = op == 0 ? 2.0 * (n - 1) : op == 3 ? 1.0 : double(n - 1);
       if (bytes <= 0) continue;
@@ -290,14 +301,13 @@ CommFit fit_comm(MPI_Comm raw) {
 
 // How much of an all-reduce started before a gemm runs behind it: (t_gemm + t_reduce -
 // t_both) / min(t_gemm, t_reduce), between 0 and 1, the two sized to take about as long.
-double overlap_share(MPI_Comm raw) {
-  auto comm = make_comm(raw, "calibrate");
-  if (comm->size() < 2) return -1;
+double overlap_share(Comm& comm) {
+  if (comm.size() < 2) return -1;
   std::size_t count = std::size_t(1) << 16;
   Kokkos::View<float*> a("calibrate::overlap", std::size_t(1) << 22);
   double t_reduce = 0;
   for (;;) {  // a reduction of about 20 ms (or 16 MiB)
-    t_reduce = timed(raw, 0.05, [&] { comm->all_reduce_sum(a.data(), count).wait(); });
+    t_reduce = timed(comm, 0.05, [&] { comm.all_reduce_sum(a.data(), count).wait(); });
     if (t_reduce > 0.02 || count >= a.extent(0)) break;
     count = std::min(a.extent(0), count * 4);
   }
@@ -307,12 +317,12 @@ double overlap_share(MPI_Comm raw) {
   auto gemm = [&] { kernels::gemm<float>(false, false, n, n, n, 1, x, y, 0, z); };
   double t_gemm = 0;
   for (;;) {  // a gemm of about as long
-    t_gemm = timed(raw, 0.05, gemm);
+    t_gemm = timed(comm, 0.05, gemm);
     if (t_gemm > t_reduce || n >= 2048) break;
     n = std::min(2048, n * 2);
   }
-  const double t_both = timed(raw, 0.1, [&] {
-    Request r = comm->all_reduce_sum(a.data(), count);
+  const double t_both = timed(comm, 0.1, [&] {
+    Request r = comm.all_reduce_sum(a.data(), count);
     gemm();
     r.wait();
   });
@@ -332,8 +342,8 @@ struct SharedCores {
   double scale = 1, cores = 0, wait_load = 0;
 };
 
-SharedCores shared_cores(MPI_Comm node) {
-  const int n = mpi::size(node), me = mpi::rank(node);
+SharedCores shared_cores(Comm& node) {
+  const int n = node.size(), me = node.rank();
   const int dim = 192;
   Kokkos::View<float*> a("calibrate::wa", dim * dim), b("calibrate::wb", dim * dim),
       c("calibrate::wc", dim * dim);
@@ -346,13 +356,13 @@ SharedCores shared_cores(MPI_Comm node) {
   const double all = timed(node, 0.2, gemm);
   const int calls = int(std::clamp(0.2 / std::max(all, 1e-9), 1.0, 10000.0));
   auto with = [&](int k) {  // seconds a call with ranks 0..k-1 computing, the others waiting
-    MPI_Barrier(node);
+    line_up(node);
     const double t0 = wall_seconds();
     if (me < k)
       for (int i = 0; i < calls; ++i) gemm();
     double mine = me < k ? (wall_seconds() - t0) / calls : 0;
-    MPI_Barrier(node);  // the others wait here, in MPI
-    MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_SUM, node);
+    line_up(node);  // the others wait here, in MPI
+    node.all_reduce_sum_now(&mine, 1);
     return mine / k;
   };
   SharedCores out;
@@ -394,17 +404,21 @@ std::array<double, 3> measured_phases(const Config& config, const Grid& grid, in
   return deck_phases<Bf16>(config, grid, steps);
 }
 
-}  // namespace
+// Progress lines on rank 0: "calibrate: <what> (<seconds since the start> s)".
+class Progress {
+ public:
+  void operator()(const std::string& s) const {
+    log::info(cat("calibrate: ", s, " (", fixed("%.0f", wall_seconds() - t0_), " s)"));
+  }
 
-Config calibrate(const Config& config, const Grid& grid, int threads) {
-  MPI_Comm world = grid.cart();
-  const double t0 = wall_seconds();
-  Config out = config;
-  auto& mc = out.machine;
-  auto said = [&](const std::string& s) {
-    log::info(cat("calibrate: ", s, " (", fixed("%.0f", wall_seconds() - t0), " s)"));
-  };
+ private:
+  double t0_ = wall_seconds();
+};
 
+// The gemm fits of every compute type (the compute type's shape), attention, the row kernels
+// and the optimizer, every rank computing at once.
+void measure_compute(Comm& world, const Config& config, Config::machine_group& mc,
+                     const Progress& said) {
   const auto shapes = deck_gemm_shapes(config);
   const GemmFit f32 = fit_gemm<float>(world, shapes);
   said(cat("sgemm at ", f32.shapes, " of the deck's shapes: ", fixed("%.1f", f32.peak / 1e9),
@@ -417,7 +431,6 @@ Config calibrate(const Config& config, const Grid& grid, int threads) {
   const GemmFit f64 = fit_gemm<double>(world, shapes);
   said(cat("dgemm: ", fixed("%.1f", f64.peak / 1e9), " GFLOP/s large (fit error ",
            fixed("%.1f%%", 100 * f64.error), ")"));
-  // The shape of the fit is the compute type's.
   const PrecisionPolicy policy = deck::precision_policy(config);
   const GemmFit& own = policy.compute == Precision::bf16   ? b16
                        : policy.compute == Precision::fp64 ? f64
@@ -450,68 +463,82 @@ Config calibrate(const Config& config, const Grid& grid, int threads) {
            fixed("%.2f", mc.attention_backward_gflops), " backward; row kernels ",
            fixed("%.2f", mc.elementwise_gbs), " GB/s; optimizer ", fixed("%.2f", mc.optimizer_gbs),
            " GB/s"));
+}
 
-  // Every rate above was measured with all ranks computing at once. Where a node runs more
-  // rank threads than it has CPUs, they shared them: a rank alone runs faster by the
-  // oversubscription, and the cost model shares the cores among the ranks busy at a time.
-  {
-    const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
-    const int demand = mpi::size(grid.node_comm()) * std::max(1, threads);
-    const double over = double(demand) / double(cpus);
-    const bool oversubscribed = mpi::max(world, over > 1 ? 1 : 0) > 0;
-    if (oversubscribed) {
-      // Node 0's rank 0 speaks for every node.
-      SharedCores shared = shared_cores(grid.node_comm());
-      MPI_Bcast(&shared, 3, MPI_DOUBLE, 0, world);
-      const double scale = shared.scale;
-      mc.cores_per_node = shared.cores;
-      mc.wait_load = shared.wait_load;
-      for (double* rate :
-           {&mc.gemm_gflops_fp32, &mc.gemm_gflops_bf16, &mc.gemm_gflops_fp64, &mc.attention_gflops,
-            &mc.attention_backward_gflops, &mc.elementwise_gbs, &mc.optimizer_gbs})
-        *rate *= scale;
-      mc.gemm_overhead_us = std::max(mc.gemm_overhead_us / scale, 1e-3);
-      said(cat("a node runs ", demand, " rank thread(s) on ", cpus,
-               " CPU(s): a rank alone computes ", fixed("%.2f", scale),
-               " times faster than with all computing (the rates are a rank's alone); "
-               "cores_per_node = ",
-               fixed("%.2f", mc.cores_per_node), "; a rank waiting in MPI takes ",
-               fixed("%.0f%%", 100 * mc.wait_load), " of a core"));
-    }
-  }
+// Every rate so far was measured with all ranks computing at once. Where a node runs more
+// rank threads than it has CPUs they shared them: the rates become a rank's alone, and the
+// cost model shares the cores among the ranks busy at a time (cores_per_node, wait_load).
+void measure_shared_cores(Comm& world, Comm& node, int threads, Config::machine_group& mc,
+                          const Progress& said) {
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int demand = node.size() * std::max(1, threads);
+  double oversubscribed = demand > cpus ? 1 : 0;
+  world.all_reduce_max(&oversubscribed, 1, Space::host).wait();
+  if (oversubscribed == 0) return;
+  const SharedCores mine = shared_cores(node);
+  std::array<double, 3> figures = {mine.scale, mine.cores, mine.wait_load};
+  from_rank0(world, figures.data(), 3);  // node 0's rank 0 speaks for every node
+  const SharedCores shared{figures[0], figures[1], figures[2]};
+  mc.cores_per_node = shared.cores;
+  mc.wait_load = shared.wait_load;
+  for (double* rate :
+       {&mc.gemm_gflops_fp32, &mc.gemm_gflops_bf16, &mc.gemm_gflops_fp64, &mc.attention_gflops,
+        &mc.attention_backward_gflops, &mc.elementwise_gbs, &mc.optimizer_gbs})
+    *rate *= shared.scale;
+  mc.gemm_overhead_us = std::max(mc.gemm_overhead_us / shared.scale, 1e-3);
+  said(cat("a node runs ", demand, " rank thread(s) on ", cpus, " CPU(s): a rank alone computes ",
+           fixed("%.2f", shared.scale),
+           " times faster than with all computing (the rates are a rank's alone); "
+           "cores_per_node = ",
+           fixed("%.2f", mc.cores_per_node), "; a rank waiting in MPI takes ",
+           fixed("%.0f%%", 100 * mc.wait_load), " of a core"));
+}
 
-  // Inside a node: its ranks. Across nodes: one rank of each node (every local index at once).
-  const CommFit intra = fit_comm(grid.node_comm());
+// What the links were measured on, for the machine's name.
+struct LinksMeasured {
+  bool intra = false;
+  int nodes = 1;
+};
+
+// The four collectives inside a node (its ranks) and across nodes (one rank of each node,
+// every local index at once), and the overlap share; node 0's rank 0 speaks for every rank.
+LinksMeasured measure_links(Comm& world, Comm& node, const Grid& grid, Config::machine_group& mc,
+                            const Progress& said) {
+  const CommFit intra = fit_comm(node);
   // The overlap inside a node when every node has two ranks or more, else across nodes: every
   // rank takes part in the same measurement.
-  const int least_node = -int(mpi::max(world, -std::int64_t(mpi::size(grid.node_comm()))));
-  double overlap = least_node >= 2 ? overlap_share(grid.node_comm()) : -1;
-  MPI_Comm across = MPI_COMM_NULL;
-  MPI_Comm_split(world, mpi::rank(grid.node_comm()), grid.node(), &across);
-  const int nodes = int(mpi::max(world, std::int64_t(mpi::size(across))));
-  const CommFit inter = fit_comm(across);
-  if (least_node < 2 && nodes > 1) overlap = overlap_share(across);
-  MPI_Comm_free(&across);
-  // Every rank must write the same group: node 0's rank 0 speaks for them.
-  std::array<double, 16> figures{};
+  double least_node = -double(node.size());
+  world.all_reduce_max(&least_node, 1, Space::host).wait();
+  least_node = -least_node;
+  double overlap = least_node >= 2 ? overlap_share(node) : -1;
+  MPI_Comm split = MPI_COMM_NULL;
+  MPI_Comm_split(grid.cart(), node.rank(), grid.node(), &split);
+  const Communicator across_ranks(split);
+  auto across = make_comm(across_ranks.get(), "calibrate-across");
+  double nodes = across->size();
+  world.all_reduce_max(&nodes, 1, Space::host).wait();
+  const CommFit inter = fit_comm(*across);
+  if (least_node < 2 && nodes > 1) overlap = overlap_share(*across);
+  std::array<double, 17> figures{};
   for (std::size_t i = 0; i < 4; ++i) {
     figures[i] = intra.latency[i], figures[4 + i] = intra.bandwidth[i];
     figures[8 + i] = inter.latency[i], figures[12 + i] = inter.bandwidth[i];
   }
-  MPI_Bcast(figures.data(), 16, MPI_DOUBLE, 0, world);
-  MPI_Bcast(&overlap, 1, MPI_DOUBLE, 0, world);
+  figures[16] = overlap;
+  from_rank0(world, figures.data(), int(figures.size()));
+  overlap = figures[16];
   if (overlap >= 0) mc.comm_overlap = std::max(overlap, 1e-3);
-  const bool intra_measured = mpi::max(world, intra.measured ? 1 : 0) > 0;
+  double intra_measured = intra.measured ? 1 : 0;
+  world.all_reduce_max(&intra_measured, 1, Space::host).wait();
   for (std::size_t i = 0; i < 4; ++i) {
     mc.comm_intra_latency_us[i] = figures[i] * 1e6, mc.comm_intra_gbs[i] = figures[4 + i] / 1e9;
     mc.comm_inter_latency_us[i] = figures[8 + i] * 1e6,
     mc.comm_inter_gbs[i] = figures[12 + i] / 1e9;
   }
   said(cat("communication inside a node ",
-           intra_measured
-               ? cat("(", mpi::size(grid.node_comm()), " ranks): all-reduce ",
-                     fixed("%.1f", figures[0] * 1e6), " us a step, ",
-                     fixed("%.2f", figures[4] / 1e9), " GB/s; send/recv ",
+           intra_measured > 0
+               ? cat("(", node.size(), " ranks): all-reduce ", fixed("%.1f", figures[0] * 1e6),
+                     " us a step, ", fixed("%.2f", figures[4] / 1e9), " GB/s; send/recv ",
                      fixed("%.1f", figures[3] * 1e6), " us, ", fixed("%.2f", figures[7] / 1e9),
                      " GB/s; ", fixed("%.0f%%", 100 * std::max(overlap, 0.0)),
                      " of a reduction hides behind a gemm")
@@ -520,9 +547,15 @@ Config calibrate(const Config& config, const Grid& grid, int threads) {
            nodes > 1 ? cat("(", nodes, " nodes): all-reduce ", fixed("%.1f", figures[8] * 1e6),
                            " us a step, ", fixed("%.2f", figures[12] / 1e9), " GB/s")
                      : std::string("not measured (one node)")));
+  return {intra_measured > 0, int(nodes)};
+}
 
-  // The deck's own steps against the model at these rates.
-  Config model_config = out;
+// The deck's own steps against the model at the measured rates: the forward, backward and
+// optimizer factors (sums over every rank).
+void measure_factors(Comm& world, const Config& config, const Grid& grid, Config::machine_group& mc,
+                     const Progress& said) {
+  Config model_config = config;
+  model_config.machine = mc;
   model_config.machine.forward_factor = model_config.machine.backward_factor =
       model_config.machine.optimizer_factor = 1;
   const Machine m = machine_of(model_config);
@@ -530,32 +563,41 @@ Config calibrate(const Config& config, const Grid& grid, int threads) {
   const std::array<double, 3> measured = measured_phases(config, grid, steps);
   const int p = grid.coord(Axis::p);
   const double mb = double(micro_batches_per_step(config));
-  // The model's compute of this rank's stage, slowed as the model slows it on shared cores.
+  // This rank's stage as the model runs it, slowed as the model slows it on shared cores.
   const StepPrediction predicted = predict_step(model_config, grid.layout(), m);
   const double share = predicted.share.at(std::size_t(p));
-  double modelled[3] = {0, 0, 0};
+  double sums[6] = {measured[0], measured[1], measured[2], 0, 0, 0};
   for (int c = 0; c < int(config.parallel.virtual_stages); ++c) {
     const ChunkCompute k = chunk_compute(model_config, m, p, c);
-    modelled[0] += share * mb * k.forward, modelled[1] += share * mb * (k.backward + k.recompute);
+    sums[3] += share * mb * k.forward, sums[4] += share * mb * (k.backward + k.recompute);
   }
-  // The update runs on every rank at once.
-  const double all_busy =
-      m.cores > 0 ? std::max(1.0, double(mpi::size(grid.node_comm())) / m.cores) : 1.0;
-  modelled[2] = all_busy * optimizer_seconds(model_config, m, p, grid.ranks_per_node());
-  double sums[6] = {measured[0], measured[1], measured[2], modelled[0], modelled[1], modelled[2]};
-  MPI_Allreduce(MPI_IN_PLACE, sums, 6, MPI_DOUBLE, MPI_SUM, world);
+  sums[5] = predicted.all_busy * optimizer_seconds(model_config, m, p, grid.ranks_per_node());
+  world.all_reduce_sum_now(sums, 6);
   mc.forward_factor = sums[3] > 0 ? sums[0] / sums[3] : 1;
   mc.backward_factor = sums[4] > 0 ? sums[1] / sums[4] : 1;
   mc.optimizer_factor = sums[5] > 0 ? sums[2] / sums[5] : 1;
   said(cat("the deck's ", steps, " steps: measured over modelled compute forward ",
            fixed("%.2f", mc.forward_factor), ", backward ", fixed("%.2f", mc.backward_factor),
            ", optimizer ", fixed("%.2f", mc.optimizer_factor)));
+}
 
+}  // namespace
+
+Config calibrate(const Config& config, const Grid& grid, int threads) {
+  auto world = make_comm(grid.cart(), "calibrate");
+  auto node = make_comm(grid.node_comm(), "calibrate-node");
+  const Progress said;
+  Config out = config;
+  auto& mc = out.machine;
+  measure_compute(*world, config, mc, said);
+  measure_shared_cores(*world, *node, threads, mc, said);
+  const LinksMeasured links = measure_links(*world, *node, grid, mc, said);
+  measure_factors(*world, config, grid, mc, said);
   const std::string unmeasured =
-      cat(intra_measured ? "" : "; inside a node not measured (node class figures)",
-          nodes > 1 ? "" : "; across nodes not measured (node class figures)");
+      cat(links.intra ? "" : "; inside a node not measured (node class figures)",
+          links.nodes > 1 ? "" : "; across nodes not measured (node class figures)");
   mc.name = mpi::broadcast(
-      world, 0,
+      grid.cart(), 0,
       cat("calibrated ", utc_now("%Y-%m-%d"), " on ", mpi::host_name(), ", ", grid.world_size(),
           " rank(s), ", grid.ranks_per_node(), " a node, deck ", config.deck_path, unmeasured));
   // Rates not measured keep 0 (the node class's figure).

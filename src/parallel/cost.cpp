@@ -382,248 +382,284 @@ StepPrediction predict_step(const Config& config, int world, int ranks_per_node,
   return predict_step(config, layout, m);
 }
 
-StepPrediction predict_step(const Config& config, const Layout& layout, const Machine& m) {
+namespace {
+
+// One pipeline stage's part of the step: its chunks' compute per micro-batch, the
+// communication that runs inside their ops (not slowed by shared cores), and what follows.
+struct StageCost {
+  std::vector<ChunkCompute> chunks;
+  double in_op = 0, pp_message = 0, dp_in_op = 0, optimizer = 0, after = 0;
+  double compute = 0;           // per step: every chunk's forward, backward and recompute
+  std::vector<GroupCost> comm;  // each group of rank (0, p, 0)
+};
+
+StageCost stage_cost(const Config& config, const Layout& layout, const Machine& m, int p) {
   const auto& par = config.parallel;
   const model::Dims d = model::dims_of(config);
-  const int P = int(par.pp), v = int(par.virtual_stages);
-  const int rpn = layout.max_ranks_per_node();
+  const int v = int(par.virtual_stages), rpn = layout.max_ranks_per_node();
   const double mb = double(micro_batches_per_step(config));
   const PrecisionPolicy policy = deck::precision_policy(config);
-  StepPrediction out;
-
-  // Each group: does rank 0's instance cross nodes, and at what rates.
-  auto across = [&](GroupKind g) { return node_split(config, layout, g).inter_share > 0; };
-  const auto stages = static_cast<std::size_t>(P);
-
-  // Per stage: its chunks' compute per micro-batch and the communication that runs inside
-  // their ops (not slowed by shared cores), the data-parallel and optimizer costs.
-  struct StageCost {
-    std::vector<ChunkCompute> chunks;
-    double in_op = 0, pp_message = 0, dp_in_op = 0, optimizer = 0, after = 0;
-    double compute = 0;  // per step: every chunk's forward, backward and recompute
-  };
-  std::vector<StageCost> stage(static_cast<std::size_t>(P));
-  std::vector<GroupCost> stage0_comm;
-  for (int p = 0; p < P; ++p) {
-    StageCost& st = stage[std::size_t(p)];
-    const model::ShardCoord coord = plan_shard(config, 0, p, 0, rpn);
-    const auto comm = estimate_comm(config, coord);
+  StageCost st;
+  const model::ShardCoord coord = plan_shard(config, 0, p, 0, rpn);
+  std::int64_t layers = 0, moe_layers = 0;
+  bool first = false, last = false;
+  for (const auto& ch : model::build_layout(config, coord)) {
+    layers += ch.n_layers;
+    for (std::int64_t l = ch.first_layer; l < ch.first_layer + ch.n_layers; ++l)
+      moe_layers += d.is_moe_layer(l) ? 1 : 0;
+    first = first || ch.has_embedding, last = last || ch.has_head;
+  }
+  double fwd = 0, bwd = 0, rec = 0, attention = 0;
+  for (int c = 0; c < v; ++c) {
+    st.chunks.push_back(chunk_compute(config, m, p, c));
+    fwd += st.chunks.back().forward, bwd += st.chunks.back().backward;
+    rec += st.chunks.back().recompute, attention += st.chunks.back().attention_forward;
+  }
+  st.compute = mb * (fwd + bwd + rec);
+  // In-op communication per micro-batch (summed over the rank's chunks), split evenly
+  // between each forward and backward.
+  double dp_seconds = 0, embed_seconds = 0;
+  for (const auto& e : estimate_comm(config, coord)) {
+    GroupCost g;
+    g.group = e.group;
+    g.bytes = e.bytes_per_step;
+    g.across_nodes = node_split(config, layout, e.group).inter_share > 0;
+    const double steps = ring_steps(config, e.group, e.bytes_per_step, mb, double(layers),
+                                    double(moe_layers), first, last);
+    g.seconds =
+        g.bytes > 0 ? m.comm_seconds(op_of(config, e.group), g.across_nodes, steps, g.bytes) : 0.0;
+    switch (e.group) {
+      case GroupKind::tp:
+      case GroupKind::ep:
+        g.exposed = g.seconds;
+        st.in_op += g.seconds / mb;
+        break;
+      case GroupKind::cp:  // the ring behind each attention, forward and backward
+        g.exposed = m.exposed(g.seconds, mb * 3 * attention);
+        st.in_op += g.exposed / mb;
+        break;
+      case GroupKind::pp:
+        g.exposed = g.seconds;
+        st.pp_message = g.seconds / std::max(1.0, mb * double(v) * 2);
+        break;
+      case GroupKind::embed:
+        g.exposed = g.seconds;
+        embed_seconds += g.seconds;
+        break;
+      default:
+        dp_seconds += g.seconds;
+        break;
+    }
+    st.comm.push_back(g);
+  }
+  // Data parallel. ZeRO 0/1: buckets reduced behind the last micro-batch's backward;
+  // ZeRO 1/2 gather the updated parameters after the step (exposed); ZeRO 2 reduce-scatters
+  // behind every micro-batch's backward, ZeRO 3 gathers behind the compute they prefetch for.
+  double dp_exposed = 0;
+  const double b_mb = bwd / double(v);
+  if (dp_seconds > 0) {
     const MemoryEstimate mem = estimate_memory(config, coord);
-    std::int64_t layers = 0, moe_layers = 0;
-    bool first = false, last = false;
-    for (const auto& ch : model::build_layout(config, coord)) {
-      layers += ch.n_layers;
-      for (std::int64_t l = ch.first_layer; l < ch.first_layer + ch.n_layers; ++l)
-        moe_layers += d.is_moe_layer(l) ? 1 : 0;
-      first = first || ch.has_embedding, last = last || ch.has_head;
+    const double S = double(mem.local_params) * double(bytes_of(policy.compute));
+    const double G = double(mem.local_params) * double(bytes_of(policy.wire));
+    const int zero = int(par.zero);
+    const double gather =
+        zero == 1 || zero == 2 ? dp_seconds * S / (S + (zero == 1 ? 2 : mb) * G) : 0.0;
+    const double reduce = dp_seconds - gather;
+    if (zero <= 1) {
+      const double buckets = std::ceil(G / (std::max(1.0, double(par.bucket_mb)) * 1024 * 1024));
+      dp_exposed = std::max(m.exposed(reduce, b_mb), reduce / std::max(1.0, buckets)) + gather;
+    } else if (zero == 2) {
+      st.dp_in_op = m.exposed(reduce / mb, b_mb);
+      dp_exposed = st.dp_in_op * mb + gather;
+    } else {
+      st.dp_in_op = m.exposed(dp_seconds / mb, (fwd + bwd + rec) / double(v));
+      dp_exposed = st.dp_in_op * mb;
     }
-    double fwd = 0, bwd = 0, rec = 0, attention = 0;
-    for (int c = 0; c < v; ++c) {
-      st.chunks.push_back(chunk_compute(config, m, p, c));
-      fwd += st.chunks.back().forward, bwd += st.chunks.back().backward;
-      rec += st.chunks.back().recompute, attention += st.chunks.back().attention_forward;
-    }
-    st.compute = mb * (fwd + bwd + rec);
-    // In-op communication per micro-batch (summed over the rank's chunks), split evenly
-    // between each forward and backward.
-    double dp_seconds = 0, embed_seconds = 0;
-    std::vector<GroupCost> groups;
-    for (const auto& e : comm) {
-      GroupCost g;
-      g.group = e.group;
-      g.bytes = e.bytes_per_step;
-      g.across_nodes = across(e.group);
-      const double steps = ring_steps(config, e.group, e.bytes_per_step, mb, double(layers),
-                                      double(moe_layers), first, last);
-      g.seconds = g.bytes > 0
-                      ? m.comm_seconds(op_of(config, e.group), g.across_nodes, steps, g.bytes)
-                      : 0.0;
-      switch (e.group) {
-        case GroupKind::tp:
-        case GroupKind::ep:
-          g.exposed = g.seconds;
-          st.in_op += g.seconds / mb;
-          break;
-        case GroupKind::cp:  // the ring behind each attention, forward and backward
-          g.exposed = m.exposed(g.seconds, mb * 3 * attention);
-          st.in_op += g.exposed / mb;
-          break;
-        case GroupKind::pp:
-          g.exposed = g.seconds;
-          st.pp_message = g.seconds / std::max(1.0, mb * double(v) * 2);
-          break;
-        case GroupKind::embed:
-          g.exposed = g.seconds;
-          embed_seconds += g.seconds;
-          break;
-        default:
-          dp_seconds += g.seconds;
-          break;
-      }
-      groups.push_back(g);
-    }
-    // Data parallel. ZeRO 0/1: buckets reduced behind the last micro-batch's backward;
-    // ZeRO 1/2 gather the updated parameters after the step (exposed); ZeRO 2 reduce-scatters
-    // behind every micro-batch's backward, ZeRO 3 gathers behind the compute they prefetch for.
-    double dp_exposed = 0;
-    const double b_mb = bwd / double(v);
-    if (dp_seconds > 0) {
-      const double S = double(mem.local_params) * double(bytes_of(policy.compute));
-      const double G = double(mem.local_params) * double(bytes_of(policy.wire));
-      const int zero = int(par.zero);
-      const double gather =
-          zero == 1 || zero == 2 ? dp_seconds * S / (S + (zero == 1 ? 2 : mb) * G) : 0.0;
-      const double reduce = dp_seconds - gather;
-      if (zero <= 1) {
-        const double buckets = std::ceil(G / (std::max(1.0, double(par.bucket_mb)) * 1024 * 1024));
-        dp_exposed = std::max(m.exposed(reduce, b_mb), reduce / std::max(1.0, buckets)) + gather;
-      } else if (zero == 2) {
-        st.dp_in_op = m.exposed(reduce / mb, b_mb);
-        dp_exposed = st.dp_in_op * mb + gather;
-      } else {
-        st.dp_in_op = m.exposed(dp_seconds / mb, (fwd + bwd + rec) / double(v));
-        dp_exposed = st.dp_in_op * mb;
-      }
-    }
-    for (auto& g : groups)
-      if (g.group == GroupKind::dense_grad || g.group == GroupKind::expert_grad)
-        g.exposed = dp_seconds > 0 ? dp_exposed * g.seconds / dp_seconds : 0.0;
-    st.optimizer = optimizer_seconds(config, m, p, rpn);
-    st.after = (par.zero <= 2 ? dp_exposed - st.dp_in_op * mb : 0.0) + embed_seconds;
-    if (p == 0) stage0_comm = groups;
   }
+  for (auto& g : st.comm)
+    if (g.group == GroupKind::dense_grad || g.group == GroupKind::expert_grad)
+      g.exposed = dp_seconds > 0 ? dp_exposed * g.seconds / dp_seconds : 0.0;
+  st.optimizer = optimizer_seconds(config, m, p, rpn);
+  st.after = (par.zero <= 2 ? dp_exposed - st.dp_in_op * mb : 0.0) + embed_seconds;
+  return st;
+}
 
-  // Shared cores: for each stage p, the ranks of every stage q on the node of p's first
-  // rank (together[p][q]), and the most ranks on any node.
-  std::vector<std::vector<double>> together(stages, std::vector<double>(stages, 0.0));
+// Shared cores: for each stage p, the ranks of every stage q on the node of p's first rank
+// (together[p][q]); all_busy: every rank of the fullest node computing at once, over its cores
+// (what the optimizer and a P = 1 step see), at least 1.
+struct NodeShare {
+  std::vector<std::vector<double>> together;
+  double all_busy = 1;
+};
+
+NodeShare node_share(const Layout& layout, std::size_t stages, const Machine& m) {
+  NodeShare out;
+  out.together.assign(stages, std::vector<double>(stages, 0.0));
+  if (m.cores <= 0) return out;
+  std::vector<std::vector<double>> per_node(std::size_t(layout.num_nodes()),
+                                            std::vector<double>(stages, 0.0));
+  std::vector<int> first_node(stages, -1);
+  for (int r = 0; r < layout.world(); ++r) {
+    const auto q = std::size_t(layout.coords(r)[int(Axis::p)]);
+    per_node[std::size_t(layout.node(r))][q] += 1;
+    if (first_node[q] < 0) first_node[q] = layout.node(r);
+  }
   double node_ranks = 0;
-  if (m.cores > 0) {
-    std::vector<std::vector<double>> per_node(std::size_t(layout.num_nodes()),
-                                              std::vector<double>(stages, 0.0));
-    std::vector<int> first_node(stages, -1);
-    for (int r = 0; r < layout.world(); ++r) {
-      const auto q = std::size_t(layout.coords(r)[int(Axis::p)]);
-      per_node[std::size_t(layout.node(r))][q] += 1;
-      if (first_node[q] < 0) first_node[q] = layout.node(r);
-    }
-    for (std::size_t p = 0; p < stages; ++p) together[p] = per_node[std::size_t(first_node[p])];
-    for (const auto& n : per_node)
-      node_ranks = std::max(node_ranks, std::accumulate(n.begin(), n.end(), 0.0));
-  }
-  // Every rank of the node computing at once: what the optimizer and a P = 1 step see.
-  const double all_busy = m.cores > 0 ? std::max(1.0, node_ranks / m.cores) : 1.0;
+  for (std::size_t p = 0; p < stages; ++p) out.together[p] = per_node[std::size_t(first_node[p])];
+  for (const auto& n : per_node)
+    node_ranks = std::max(node_ranks, std::accumulate(n.begin(), n.end(), 0.0));
+  out.all_busy = std::max(1.0, node_ranks / m.cores);
+  return out;
+}
 
-  // Each stage's op times per chunk: `computing` scales with shared cores, `fixed` (the
-  // communication inside the op) does not. A split backward's W is part of its backward.
-  struct OpParts {
-    std::vector<std::vector<double>> tf, tb, tw;
-  };
-  OpParts work_part, fixed;
-  for (auto* o : {&work_part, &fixed})
-    o->tf.resize(stages), o->tb.resize(stages), o->tw.resize(stages);
-  for (int p = 0; p < P; ++p) {
-    const StageCost& st = stage[std::size_t(p)];
-    const auto q = std::size_t(p);
-    const double part = v > 1 ? 1.0 / double(v) : 1.0;
-    // A split backward's W: the weight gradients and the reduction that follows them.
+// Per stage and local chunk, a forward's, backward's and split backward's W seconds.
+struct OpParts {
+  std::vector<std::vector<double>> tf, tb, tw;
+};
+
+// The ops' compute (`work`, which shared cores slow) and the communication inside them
+// (`fixed`, which they do not). A split backward's W is part of its backward: the weight
+// gradients and the reduction that follows them.
+std::pair<OpParts, OpParts> op_parts(const Config& config, const std::vector<StageCost>& stage) {
+  const auto& par = config.parallel;
+  const std::size_t stages = stage.size();
+  const double part = par.virtual_stages > 1 ? 1.0 / double(par.virtual_stages) : 1.0;
+  OpParts work, fixed;
+  for (auto* o : {&work, &fixed}) o->tf.resize(stages), o->tb.resize(stages), o->tw.resize(stages);
+  for (std::size_t p = 0; p < stages; ++p) {
+    const StageCost& st = stage[p];
     const double dp_in_backward = part * st.dp_in_op * (par.zero == 3 ? 0.5 : 1.0);
     for (const ChunkCompute& k : st.chunks) {
-      work_part.tf[q].push_back(k.forward);
-      work_part.tb[q].push_back(k.backward + k.recompute);
-      work_part.tw[q].push_back(k.weight);
-      fixed.tf[q].push_back(part * st.in_op / 2 + st.pp_message +
+      work.tf[p].push_back(k.forward);
+      work.tb[p].push_back(k.backward + k.recompute);
+      work.tw[p].push_back(k.weight);
+      fixed.tf[p].push_back(part * st.in_op / 2 + st.pp_message +
                             (par.zero == 3 ? part * st.dp_in_op / 2 : 0.0));
-      fixed.tb[q].push_back(part * st.in_op / 2 + st.pp_message + dp_in_backward);
-      fixed.tw[q].push_back(dp_in_backward);
+      fixed.tb[p].push_back(part * st.in_op / 2 + st.pp_message + dp_in_backward);
+      fixed.tw[p].push_back(dp_in_backward);
     }
   }
+  return {work, fixed};
+}
 
-  std::vector<double> share(stages, all_busy);
+// The schedule's makespan, the most a rank waits in it, and each stage's mean slowdown on
+// shared cores.
+struct ScheduleRun {
   double makespan = 0, waiting = 0;
-  if (P == 1) {
-    for (int c = 0; c < v; ++c)
-      makespan +=
-          mb * (all_busy * (work_part.tf[0][std::size_t(c)] + work_part.tb[0][std::size_t(c)]) +
-                fixed.tf[0][std::size_t(c)] + fixed.tb[0][std::size_t(c)]);
-  } else if (double(P) * mb * double(v) * 2 > kSimulatedComputes) {
-    // Closed form: the slowest rank's work, plus the pipeline's fill and drain at the mean
-    // op time (the equal-stage bubble (p-1)/(v*m+p-1) when stages are equal).
-    double most = 0, sum = 0;
-    for (std::size_t p = 0; p < stages; ++p) {
-      double r = 0;
-      for (int c = 0; c < v; ++c) {
-        const auto k = std::size_t(c);
-        r += all_busy * (work_part.tf[p][k] + work_part.tb[p][k]) + fixed.tf[p][k] + fixed.tb[p][k];
-      }
-      most = std::max(most, mb * r), sum += r / double(v);
-    }
-    makespan = most + double(P - 1) * sum / double(P);
-    waiting = makespan - most;
-  } else {
-    const ScheduleKind kind = schedule_kind(par.pp_schedule);
-    const auto lists = make_schedule(kind, P, int(mb), v);
-    const Pipeline pipe = pipeline_of(kind, P, int(mb), v);
-    const auto work = op_seconds(lists, work_part.tf, work_part.tb, work_part.tw);
-    const auto wait = op_seconds(lists, fixed.tf, fixed.tb, fixed.tw);
-    // Each compute's slowdown on shared cores, from every rank of its node computing at once.
-    std::vector<std::vector<double>> slow(stages);
-    for (std::size_t p = 0; p < stages; ++p) slow[p].assign(work[p].size(), all_busy);
-    auto simulate = [&] {
-      std::vector<std::vector<double>> seconds(stages);
-      for (std::size_t p = 0; p < stages; ++p)
-        for (std::size_t k = 0; k < work[p].size(); ++k)
-          seconds[p].push_back(slow[p][k] * work[p][k] + wait[p][k]);
-      return std::pair{simulate_schedule(lists, pipe, seconds), seconds};
-    };
-    auto [timing, seconds] = simulate();
-    if (all_busy > 1) {
-      // Processor sharing, iterated to a fixed point: a compute of stage p is slowed by its
-      // own stage's ranks of the node (they run in step) and, over its interval, by each other
-      // stage's ranks there while they compute (or wait_load of a core while they wait).
-      for (int iteration = 0; iteration < 40; ++iteration) {
-        double change = 0;
-        for (std::size_t p = 0; p < stages; ++p) {
-          for (std::size_t k = 0; k < work[p].size(); ++k) {
-            const double s0 = timing.compute_start[p][k], s1 = s0 + seconds[p][k];
-            double busy = together[p][p];
-            for (std::size_t q = 0; q < stages; ++q) {
-              if (q == p || together[p][q] <= 0 || s1 <= s0) continue;
-              double overlap = 0;  // of q's computing with [s0, s1)
-              for (std::size_t j = 0; j < work[q].size(); ++j) {
-                const double a = timing.compute_start[q][j];
-                const double b = a + seconds[q][j];
-                if (b <= s0 || a >= s1 || seconds[q][j] <= 0) continue;
-                overlap +=
-                    (std::min(b, s1) - std::max(a, s0)) * slow[q][j] * work[q][j] / seconds[q][j];
-              }
-              const double f = std::min(1.0, overlap / (s1 - s0));
-              busy += together[p][q] * (f + m.wait_load * (1 - f));
-            }
-            const double next = std::max(1.0, busy / m.cores);
-            change = std::max(change, std::abs(next - slow[p][k]));
-            slow[p][k] = (slow[p][k] + next) / 2;  // damped
-          }
-        }
-        std::tie(timing, seconds) = simulate();
-        if (change < 1e-4) break;
-      }
-    }
-    makespan = timing.makespan;
-    for (double w : timing.waiting) waiting = std::max(waiting, w);
-    for (std::size_t p = 0; p < stages; ++p) {  // each stage's mean slowdown, by its work
-      double num = 0, den = 0;
-      for (std::size_t k = 0; k < work[p].size(); ++k)
-        num += slow[p][k] * work[p][k], den += work[p][k];
-      share[p] = den > 0 ? num / den : all_busy;
-    }
-  }
+  std::vector<double> share;
+};
 
-  double slowest_compute = -1, worst_after = 0, worst_optimizer = 0;
-  for (int p = 0; p < P; ++p) {
-    const StageCost& st = stage[std::size_t(p)];
-    worst_after = std::max(worst_after, st.after);
-    worst_optimizer = std::max(worst_optimizer, all_busy * st.optimizer);
-    const double x = share[std::size_t(p)];
+// The deck's schedule simulated with every compute's time (`work` slowed by shared cores,
+// plus `wait`), sharing iterated to a fixed point: a compute of stage p is slowed by its own
+// stage's ranks of the node (they run in step) and, over its interval, by each other stage's
+// ranks there while they compute (or wait_load of a core while they wait).
+ScheduleRun simulate_shared(const Config& config, const std::vector<std::vector<double>>& work,
+                            const std::vector<std::vector<double>>& wait, const NodeShare& node,
+                            const Machine& m) {
+  const auto& par = config.parallel;
+  const int P = int(par.pp), v = int(par.virtual_stages);
+  const int mb = int(micro_batches_per_step(config));
+  const std::size_t stages = work.size();
+  const ScheduleKind kind = schedule_kind(par.pp_schedule);
+  const auto lists = make_schedule(kind, P, mb, v);
+  const Pipeline pipe = pipeline_of(kind, P, mb, v);
+  std::vector<std::vector<double>> slow(stages);
+  for (std::size_t p = 0; p < stages; ++p) slow[p].assign(work[p].size(), node.all_busy);
+  std::vector<std::vector<double>> seconds(stages);
+  auto simulate = [&] {
+    for (std::size_t p = 0; p < stages; ++p) {
+      seconds[p].clear();
+      for (std::size_t k = 0; k < work[p].size(); ++k)
+        seconds[p].push_back(slow[p][k] * work[p][k] + wait[p][k]);
+    }
+    return simulate_schedule(lists, pipe, seconds);
+  };
+  // Of stage q's computing, the share of [s0, s1) it covers.
+  auto computing = [&](const ScheduleTiming& t, std::size_t q, double s0, double s1) {
+    double overlap = 0;
+    for (std::size_t j = 0; j < work[q].size(); ++j) {
+      const double a = t.compute_start[q][j], b = a + seconds[q][j];
+      if (b <= s0 || a >= s1 || seconds[q][j] <= 0) continue;
+      overlap += (std::min(b, s1) - std::max(a, s0)) * slow[q][j] * work[q][j] / seconds[q][j];
+    }
+    return std::min(1.0, overlap / (s1 - s0));
+  };
+  ScheduleTiming timing = simulate();
+  for (int iteration = 0; node.all_busy > 1 && iteration < 40; ++iteration) {
+    double change = 0;
+    for (std::size_t p = 0; p < stages; ++p) {
+      for (std::size_t k = 0; k < work[p].size(); ++k) {
+        const double s0 = timing.compute_start[p][k], s1 = s0 + seconds[p][k];
+        double busy = node.together[p][p];
+        for (std::size_t q = 0; q < stages; ++q) {
+          if (q == p || node.together[p][q] <= 0 || s1 <= s0) continue;
+          const double f = computing(timing, q, s0, s1);
+          busy += node.together[p][q] * (f + m.wait_load * (1 - f));
+        }
+        const double next = std::max(1.0, busy / m.cores);
+        change = std::max(change, std::abs(next - slow[p][k]));
+        slow[p][k] = (slow[p][k] + next) / 2;  // damped
+      }
+    }
+    timing = simulate();
+    if (change < 1e-4) break;
+  }
+  ScheduleRun out;
+  out.makespan = timing.makespan;
+  for (double w : timing.waiting) out.waiting = std::max(out.waiting, w);
+  for (std::size_t p = 0; p < stages; ++p) {  // each stage's mean slowdown, by its work
+    double num = 0, den = 0;
+    for (std::size_t k = 0; k < work[p].size(); ++k)
+      num += slow[p][k] * work[p][k], den += work[p][k];
+    out.share.push_back(den > 0 ? num / den : node.all_busy);
+  }
+  return out;
+}
+
+// The step's pipeline part: one stage, the simulated schedule, or for very deep pipelines its
+// closed form (the slowest rank's work plus the fill and drain at the mean op time: the
+// equal-stage bubble (p-1)/(v*m+p-1) when stages are equal).
+ScheduleRun run_pipeline(const Config& config, const std::vector<StageCost>& stage,
+                         const NodeShare& node, const Machine& m) {
+  const int P = int(config.parallel.pp), v = int(config.parallel.virtual_stages);
+  const double mb = double(micro_batches_per_step(config));
+  const auto [work, fixed] = op_parts(config, stage);
+  if (P > 1 && double(P) * mb * double(v) * 2 <= kSimulatedComputes) {
+    const auto lists = make_schedule(schedule_kind(config.parallel.pp_schedule), P, int(mb), v);
+    return simulate_shared(config, op_seconds(lists, work.tf, work.tb, work.tw),
+                           op_seconds(lists, fixed.tf, fixed.tb, fixed.tw), node, m);
+  }
+  ScheduleRun out;
+  out.share.assign(stage.size(), node.all_busy);
+  double most = 0, sum = 0;
+  for (std::size_t p = 0; p < stage.size(); ++p) {
+    double r = 0;  // one micro-batch through every chunk of the stage
+    for (std::size_t c = 0; c < std::size_t(v); ++c)
+      r += node.all_busy * (work.tf[p][c] + work.tb[p][c]) + fixed.tf[p][c] + fixed.tb[p][c];
+    most = std::max(most, mb * r), sum += r / double(v);
+  }
+  out.makespan = most + double(P - 1) * sum / double(P);
+  out.waiting = out.makespan - most;
+  return out;
+}
+
+}  // namespace
+
+StepPrediction predict_step(const Config& config, const Layout& layout, const Machine& m) {
+  const int P = int(config.parallel.pp);
+  const double mb = double(micro_batches_per_step(config));
+  std::vector<StageCost> stage;
+  for (int p = 0; p < P; ++p) stage.push_back(stage_cost(config, layout, m, p));
+  const NodeShare node = node_share(layout, stage.size(), m);
+  const ScheduleRun run = run_pipeline(config, stage, node, m);
+
+  StepPrediction out;
+  double slowest_compute = -1;
+  for (std::size_t p = 0; p < stage.size(); ++p) {
+    const StageCost& st = stage[p];
+    out.after_backward = std::max(out.after_backward, st.after);
+    out.optimizer = std::max(out.optimizer, node.all_busy * st.optimizer);
+    const double x = run.share[p];
     if (x * st.compute > slowest_compute) {
       slowest_compute = x * st.compute;
       out.forward = out.backward = out.recompute = 0;
@@ -632,16 +668,15 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ma
             out.recompute += x * mb * k.recompute;
     }
   }
-  out.share = share;
-  out.pipeline = makespan;
-  out.after_backward = worst_after;
-  out.optimizer = worst_optimizer;
-  out.comm = stage0_comm;
-  out.step = makespan + worst_after + worst_optimizer +
+  out.share = run.share;
+  out.all_busy = node.all_busy;
+  out.pipeline = run.makespan;
+  out.comm = stage[0].comm;
+  out.step = run.makespan + out.after_backward + out.optimizer +
              4 * m.comm_seconds(CommOp::all_reduce, layout.num_nodes() > 1, 1, 0);
-  out.bubble = out.step > 0 ? waiting / out.step : 0;
+  out.bubble = out.step > 0 ? run.waiting / out.step : 0;
 
-  const double tokens = double(config.train.global_batch) * double(d.S);
+  const double tokens = double(config.train.global_batch) * double(model::dims_of(config).S);
   out.tokens_per_s = out.step > 0 ? tokens / out.step : 0;
   out.model_flops = model::flops_per_token(config) * tokens;
   out.executed_flops = out.model_flops + recompute_flops_per_token(config) * tokens;
@@ -649,14 +684,14 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ma
   const double computing =
       m.cores > 0 ? std::min(double(layout.world()), double(layout.num_nodes()) * m.cores)
                   : double(layout.world());
-  const double peak = m.gemm_peak(policy.compute) * computing;
+  const double peak = m.gemm_peak(deck::precision_policy(config).compute) * computing;
   out.mfu = out.step > 0 ? out.model_flops / out.step / peak : 0;
   out.hfu = out.step > 0 ? out.executed_flops / out.step / peak : 0;
 
   // What bounds it: the largest part of the step.
   std::vector<std::pair<double, std::string>> parts = {
       {out.forward + out.backward + out.recompute, "compute"},
-      {waiting, "the pipeline bubble"},
+      {run.waiting, "the pipeline bubble"},
       {out.optimizer, "the optimizer"}};
   for (const auto& g : out.comm)
     if (g.exposed > 0) parts.push_back({g.exposed, cat(group_name(g.group), " communication")});

@@ -102,6 +102,9 @@ struct StepPrediction {
   // Per pipeline stage, how much slower its compute runs than a rank's alone: the ranks of
   // its node computing at the same time over the node's cores (Machine::cores), at least 1.
   std::vector<double> share;
+  // The same for what every rank of a node runs at once (the optimizer): the most ranks on a
+  // node over its cores, at least 1.
+  double all_busy = 1;
   double optimizer = 0;       // the update (and the gradient norm) on the owned range
   double after_backward = 0;  // exposed data-parallel and tied-embedding communication
   std::vector<GroupCost> comm;

@@ -55,6 +55,60 @@ std::vector<std::string> sets_between(const Config& deck, const Config& c) {
   return s;
 }
 
+// (schedule, virtual stages) worth pricing for pp stages of L layers and m micro-batches:
+// 1F1B; interleaved at 2 and 4 chunks a rank; the zero-bubble ZB-H1 and ZB-V (two chunks in a
+// V).
+std::vector<std::pair<const char*, int>> schedules_for(int pp, std::int64_t L, std::int64_t m) {
+  std::vector<std::pair<const char*, int>> out{{"1f1b", 1}};
+  if (pp == 1) return out;
+  for (int v : {2, 4})
+    if (L >= std::int64_t(pp) * v && m % pp == 0) out.push_back({"interleaved", v});
+  out.push_back({"zb-h1", 1});
+  if (L >= std::int64_t(pp) * 2) out.push_back({"zb-v", 2});
+  return out;
+}
+
+struct SearchContext {
+  const Config& deck;
+  int world, ranks_per_node;
+  double budget;
+  const Machine& m;
+};
+
+// `base` at every ZeRO stage that matters, each at the lowest recompute level the deck's rules
+// accept that fits the budget, priced into `out`.
+void price_layout(const SearchContext& x, const Config& base, LayoutSearch& out) {
+  const auto& par = base.parallel;
+  const bool zero_matters = par.dp * par.ep * par.cp > 1;
+  for (int zero = 0; zero <= (zero_matters ? 3 : 0); ++zero) {
+    for (const char* level : kLevels) {
+      Config c = base;
+      c.parallel.zero = zero;
+      c.train.recompute = level;
+      try {
+        deck::validate(c, x.world);
+        if (c.parallel.pp_layers[0] == -1) {
+          c = balanced_split(c, x.m);
+          deck::validate(c, x.world);
+        }
+      } catch (const Error&) {
+        break;  // these rules do not change with the recompute level
+      }
+      ++out.considered;
+      const LargestShard big = largest_shard(c, x.ranks_per_node);
+      if (x.budget > 0 && big.bytes > x.budget) continue;  // more recomputation
+      LayoutCandidate cand;
+      cand.prediction = predict_step(c, x.world, x.ranks_per_node, x.m);
+      cand.largest = big.bytes;
+      cand.sets = sets_between(x.deck, c);
+      cand.config = std::move(c);
+      out.ranked.push_back(std::move(cand));
+      ++out.priced;
+      break;  // the lowest recompute level that fits
+    }
+  }
+}
+
 }  // namespace
 
 LayoutSearch search_layouts(const Config& deck, int world, int ranks_per_node, double budget,
@@ -62,6 +116,7 @@ LayoutSearch search_layouts(const Config& deck, int world, int ranks_per_node, d
   const double t0 = wall_seconds();
   LayoutSearch out;
   out.budget = budget;
+  const SearchContext x{deck, world, ranks_per_node, budget, m};
   const model::Dims d = model::dims_of(deck);
   const int rpn = std::max(1, ranks_per_node);
   for (int tp : divisors(world)) {
@@ -79,18 +134,7 @@ LayoutSearch search_layouts(const Config& deck, int world, int ranks_per_node, d
           ++out.grids;
           const std::int64_t per_rank = deck.train.global_batch / (std::int64_t(dp) * ep);
           for (int micro : divisors(per_rank)) {
-            const std::int64_t mb = per_rank / micro;
-            // (schedule, virtual stages): 1F1B; interleaved at 2 and 4 chunks a rank; the
-            // zero-bubble ZB-H1 and ZB-V (two chunks in a V).
-            std::vector<std::pair<const char*, int>> schedules{{"1f1b", 1}};
-            if (pp > 1) {
-              for (int v : {2, 4})
-                if (d.L >= std::int64_t(pp) * v && mb % pp == 0)
-                  schedules.push_back({"interleaved", v});
-              schedules.push_back({"zb-h1", 1});
-              if (d.L >= std::int64_t(pp) * 2) schedules.push_back({"zb-v", 2});
-            }
-            for (auto [schedule, v] : schedules) {
+            for (auto [schedule, v] : schedules_for(pp, d.L, per_rank / micro)) {
               Config base = deck;
               auto& par = base.parallel;
               par.tp = tp, par.cp = cp, par.ep = ep, par.pp = pp, par.dp = dp;
@@ -99,34 +143,7 @@ LayoutSearch search_layouts(const Config& deck, int world, int ranks_per_node, d
               std::fill(par.pp_layers.begin(), par.pp_layers.end(), 0);
               if (d.L % (std::int64_t(pp) * v) != 0) par.pp_layers[0] = -1;
               base.train.micro_batch = micro;
-              const bool zero_matters = std::int64_t(dp) * ep * cp > 1;
-              for (int zero = 0; zero <= (zero_matters ? 3 : 0); ++zero) {
-                for (const char* level : kLevels) {
-                  Config c = base;
-                  c.parallel.zero = zero;
-                  c.train.recompute = level;
-                  try {
-                    deck::validate(c, world);
-                    if (c.parallel.pp_layers[0] == -1) {
-                      c = balanced_split(c, m);
-                      deck::validate(c, world);
-                    }
-                  } catch (const Error&) {
-                    break;  // these rules do not change with the recompute level
-                  }
-                  ++out.considered;
-                  const LargestShard big = largest_shard(c, ranks_per_node);
-                  if (budget > 0 && big.bytes > budget) continue;  // more recomputation
-                  LayoutCandidate cand;
-                  cand.prediction = predict_step(c, world, ranks_per_node, m);
-                  cand.largest = big.bytes;
-                  cand.sets = sets_between(deck, c);
-                  cand.config = std::move(c);
-                  out.ranked.push_back(std::move(cand));
-                  ++out.priced;
-                  break;  // the lowest recompute level that fits
-                }
-              }
+              price_layout(x, base, out);
             }
           }
         }
