@@ -43,6 +43,7 @@
 #include "deck/deck.hpp"
 #include "grid/grid.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/parallel.hpp"
 #include "model/layout.hpp"
 #include "parallel/calibrate.hpp"
 #include "parallel/cost.hpp"
@@ -380,10 +381,9 @@ const char* probe_name(Precision p) { return p == Precision::bf16 ? "bf16 gemm" 
 double peak_gflops(const Config& config, int threads, bool bench) {
   const int blas = blas_threads_for(config, threads);
   kernels::set_blas_threads(blas);
-  const int kernel_threads = Kokkos::DefaultHostExecutionSpace().concurrency();
-  log::info(cat("threads: ", threads, " per rank; host kernels on ",
-                Kokkos::DefaultHostExecutionSpace::name(), " with ", kernel_threads, ", BLAS ",
-                blas, " (", kernels::blas_name(), ")"));
+  const int kernel_threads = kernels::host_threads();
+  log::info(cat("threads: ", threads, " per rank; host kernels on ", kernels::host_threads_name(),
+                " with ", kernel_threads, ", BLAS ", blas, " (", kernels::blas_name(), ")"));
   if (auto w = kernels::blas_spin_warning(kernel_threads, blas); !w.empty()) log::warn(w);
   if (config.backend.peak_gflops > 0) return config.backend.peak_gflops;
   const Precision probe = probe_precision(config);
@@ -622,6 +622,7 @@ int run(int argc, char** argv, int world_rank, int world_size) {
   parallel::check_supported(config);              // before Kokkos starts on a device
   const int threads = threads_for(config, grid);  // the deck and the node map decide them
   KokkosScope kokkos(threads, device_for(config, grid));
+  kernels::set_host_threads(threads);  // a Serial Kokkos: ptrain's own OpenMP threads
   kernels::set_gemm_tf32(config.backend.tf32);
   if (config.backend.kernels != "auto")
     kernels::set_kernel_shape(config.backend.kernels == "device" ? kernels::KernelShape::device

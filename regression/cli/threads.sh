@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# backend%threads (issue 16): the rank's threads go to the host kernels (Kokkos OpenMP; a
-# Serial Kokkos runs them on one) and to BLAS, which take turns; backend%blas_threads
+# backend%threads (issue 16): the rank's threads go to the host kernels (Kokkos OpenMP, or
+# beside a Serial Kokkos ptrain's own OpenMP threads; a build without OpenMP runs them on one)
+# and to BLAS, which take turns; backend%blas_threads
 # overrides BLAS's share; the default is cores per node / ranks per node. An fp64 run gives
 # the same losses and gradient norms with 1 and 2 threads to 1e-12 (OpenMP reductions may
 # add in another order), whichever Kokkos backend this build has. With OpenMP kernels and

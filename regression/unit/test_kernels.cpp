@@ -17,6 +17,7 @@
 #include "kernels/detail_math.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/parallel.hpp"
 #include "test_support.hpp"
 #include "util/checksum.hpp"
 #include "util/error.hpp"
@@ -891,6 +892,36 @@ TEST(KernelsComposition, TinyGptBf16TracksFp64) {
   EXPECT_LT(rel_err(gf, gd), 30 * u);
   EXPECT_LT(rel_err(gb, gd), 30 * u);
   EXPECT_GT(rel_err(gf, gd), 0.0);  // really computed in bf16
+}
+
+// LayerNorm's and GELU's results do not depend on the host thread count (each row or element
+// is one thread's): on a Serial Kokkos the threads are ptrain's own, set here, at sizes large
+// enough to be split (kernels/parallel.hpp's kForkElements).
+TEST(KernelsThreads, LayerNormAndGeluDoNotDependOnThreadCount) {
+  if (!PTRAIN_OWN_HOST_THREADS) GTEST_SKIP() << "Kokkos' host backend fixes its threads at start";
+  const int N = 1000, C = 64;
+  const std::size_t n = std::size_t(N) * C;
+  const HVec x = random_vec(n, 71), g = random_vec(n, 72), w = random_vec(C, 73),
+             b = random_vec(C, 74);
+  std::vector<HVec> first;
+  for (int threads : {1, 2, 3}) {
+    set_host_threads(threads);
+    Kokkos::View<float*> y("y", n), mean("mean", N), rstd("rstd", N), dx("dx", n), dw("dw", C),
+        db("db", C), ge("ge", n), dge("dge", n);
+    layernorm_forward<float>(y, mean, rstd, dev<float>(x), dev<float>(w), dev<float>(b), N, C);
+    layernorm_backward<float>(dx, dw, db, dev<float>(g), dev<float>(x), dev<float>(w), mean, rstd,
+                              N, C);
+    gelu_forward<float>(ge, dev<float>(x), n);
+    gelu_backward<float>(dge, dev<float>(x), dev<float>(g), n);
+    const std::vector<HVec> got{host(y), host(dx), host(dw), host(db), host(ge), host(dge)};
+    if (threads == 1) {
+      first = got;
+      continue;
+    }
+    for (std::size_t k = 0; k < got.size(); ++k)
+      EXPECT_EQ(differing(got[k], first[k]), 0u) << "output " << k << ", " << threads << " threads";
+  }
+  set_host_threads(1);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
+#include "kernels/parallel.hpp"
 #include "test_support.hpp"
 #include "util/bf16.hpp"
 #include "util/element_types.hpp"
@@ -353,14 +354,6 @@ HVec round_bf16(HVec v) {
   return v;
 }
 
-// Number of entries where a and b differ (not bit-for-bit equal as doubles).
-std::size_t differing(const HVec& a, const HVec& b) {
-  EXPECT_EQ(a.size(), b.size());
-  std::size_t n = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) n += a[i] != b[i];
-  return n;
-}
-
 // The largest max-norm relative error of a row: over the rows (b, t, h) of (B, Tq, NH*HS)
 // outputs whose query (at position q_pos0 + t, causal against keys from position 0) sees at
 // least min_keys keys, max_d |a - ref| / max_d |ref|.
@@ -660,6 +653,39 @@ TEST(KernelsAttentionDevice, ResultDoesNotDependOnTeamSize) {
     EXPECT_EQ(differing(f.out, out1), 0u) << "team size " << team;
     EXPECT_EQ(differing(host(dqkv), dqkv1), 0u) << "team size " << team;
   }
+}
+
+// The host kernel's result does not depend on the thread count: each block (a query block of
+// a head forward, a head backward) is one thread's, summed in a fixed order. On a Serial
+// Kokkos the threads are ptrain's own, set here; a Kokkos OpenMP build fixes its own at start.
+template <class T>
+void expect_host_threads_agree() {
+  const int B = 3, Tn = 131, NH = 2, HS = 40, C = NH * HS;  // partial blocks and tiles
+  const HVec qkv = random_vec(std::size_t(B) * Tn * 3 * C, 93, -1, 1);
+  const HVec R = random_vec(std::size_t(B) * Tn * C, 94);
+  AttentionConfig cfg;
+  cfg.kernel = KernelShape::host;
+  HVec out1, dqkv1;
+  for (int threads : {1, 2, 3}) {
+    set_host_threads(threads);
+    const Naive f = run_qkv<T>(qkv, B, Tn, NH, HS, cfg);
+    auto dqkv = dev<T>(HVec(qkv.size()));
+    attention_backward<T>(dqkv, dev<T>(R), dev<T>(f.out), dev<accumulate_t<T>>(f.lse), dev<T>(qkv),
+                          B, Tn, NH, HS, cfg);
+    if (threads == 1) {
+      out1 = f.out;
+      dqkv1 = host(dqkv);
+      continue;
+    }
+    EXPECT_EQ(differing(f.out, out1), 0u) << threads << " threads";
+    EXPECT_EQ(differing(host(dqkv), dqkv1), 0u) << threads << " threads";
+  }
+  set_host_threads(1);
+}
+TEST(KernelsAttentionHost, ResultDoesNotDependOnThreadCount) {
+  if (!PTRAIN_OWN_HOST_THREADS) GTEST_SKIP() << "Kokkos' host backend fixes its threads at start";
+  expect_host_threads_agree<float>();
+  expect_host_threads_agree<bf16>();
 }
 
 // Each launch's team scratch at GPT-2 124M and 350M shapes (head size 64, T = 1024) and 13B

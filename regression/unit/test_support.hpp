@@ -112,6 +112,14 @@ inline Kokkos::View<int*> dev_ints(const std::vector<int>& h) {
   return v;
 }
 
+// Number of entries where a and b differ (not bit-for-bit equal as doubles).
+inline std::size_t differing(const HVec& a, const HVec& b) {
+  EXPECT_EQ(a.size(), b.size());
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
 inline HVec minus(const HVec& a, const HVec& b) {
   HVec d(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];

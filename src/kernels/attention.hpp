@@ -2,8 +2,8 @@
 // The forward runs an online softmax over key blocks and returns the log-sum-exp of each
 // query row's scaled scores, so partial results over disjoint key sets (context-parallel
 // ring steps) merge exactly with attention_merge. The backward recomputes the
-// probabilities from lse. No (T, T) matrix is ever formed: the teams of each Kokkos team
-// kernel keep (query block, key block) tiles in team scratch. Two kernels: AttentionConfig::kernel.
+// probabilities from lse. No (T, T) matrix is ever formed: (query block, key block) tiles live
+// in scratch (team scratch, or a host thread's). Two kernels: AttentionConfig::kernel.
 //
 // Element types: T = double, float or bf16 is the storage of q, k, v, out, dout, dq, dk and dv;
 // the arithmetic (scores, the online softmax, the block products, D = rowsum(dO * O), dS and
@@ -55,7 +55,7 @@ Heads<T> qkv_part(Kokkos::View<T*> qkv, int which, int C) {
 }
 
 // Which kernel a call runs (kernels/view.hpp's KernelShape; by default the process-wide one).
-// - host: a team per block with one thread, its rows register-blocked (the CPU kernel).
+// - host: a thread per block (kernels/parallel.hpp), its rows register-blocked (the CPU kernel).
 // - device: a team of threads with one query or key row each and tiles in team scratch
 //   within kDeviceScratchBytes; its backward is two launches (dK and dV over key tiles, dQ
 //   over query tiles), so no two threads add into one element and the result does not depend
@@ -76,8 +76,9 @@ struct AttentionConfig {
   int k_pos0 = 0;      // sequence position of key row 0
 };
 
-// The level-0 team scratch, in bytes, that a call of this config at these shapes launches
-// with: the forward's, and the largest of the backward's launches.
+// The scratch, in bytes, each block of a call of this config at these shapes works in: the
+// device kernel's level-0 team scratch (the forward's, and the largest of the backward's
+// launches), or the host kernel's per-thread scratch.
 struct AttentionScratch {
   std::size_t forward = 0, backward = 0;
 };

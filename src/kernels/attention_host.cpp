@@ -1,15 +1,16 @@
-// kernels/attention_host.cpp — the CPU attention kernel (KernelShape::host): one Kokkos
-// team kernel per call, a team per (b, h, query block) in the forward and per (b, h) in the
-// backward (which owns that head's dK and dV, so nothing races and the result does not depend
-// on the thread count). The block products are in-kernel loops over team scratch, not gemm
+// kernels/attention_host.cpp — the CPU attention kernel (KernelShape::host): a block per
+// (b, h, query block) in the forward and per (b, h) in the backward (which owns that head's dK
+// and dV, so nothing races and the result does not depend on the thread count), run by one
+// thread each with scratch of its own (kernels/parallel.hpp: the rank's host threads, on a
+// Serial Kokkos too). The block products are in-kernel loops over that scratch, not gemm
 // calls: on CPU threads, one small BLAS call and one parallel region per block cost more in
 // fork/join than the block's arithmetic. Device builds do not build it (attention.hpp).
 //
 // Storage type T, arithmetic in A = accumulate_t<T>. For float and double A is T: the blocks
 // read Q, V, dO and K rows where they lie and dQ, dK, dV accumulate in place. For bf16 every
-// block operand is widened to fp32 in team scratch first, so the block code below runs on
-// float exactly as for a float call; dK and dV accumulate in fp32 scratch per key block and
-// dQ in fp32 level-1 scratch over the whole call, each rounded to bf16 once, when stored.
+// block operand is widened to fp32 in scratch first, so the block code below runs on float
+// exactly as for a float call; dK and dV accumulate in fp32 scratch per key block and dQ in
+// fp32 scratch over the whole head, each rounded to bf16 once, when stored.
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -17,6 +18,7 @@
 
 #include "kernels/attention_detail.hpp"
 #include "kernels/detail_math.hpp"
+#include "kernels/parallel.hpp"
 #include "util/element_types.hpp"
 
 #if !PTRAIN_DEVICE_BUILD
@@ -29,18 +31,6 @@ namespace {
 KOKKOS_INLINE_FUNCTION int score_columns(int kmax, int nk, int tile) {
   const int n = (kmax + tile - 1) / tile * tile;
   return n < nk ? n : nk;
-}
-
-// A league of `teams` teams with `scratch_elems` elements of T each in level-0 scratch (and
-// `level1_elems` in level-1 scratch, when nonzero). One thread per team on the host: the
-// teams are the parallelism, and a block's loops vectorise.
-template <class T>
-Team team_policy(int teams, std::size_t scratch_elems, std::size_t level1_elems = 0) {
-  if (level1_elems == 0)
-    return Team(teams, 1).set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)));
-  return Team(teams, 1)
-      .set_scratch_size(0, Kokkos::PerTeam(scratch_elems * sizeof(T)))
-      .set_scratch_size(1, Kokkos::PerTeam(level1_elems * sizeof(T)));
 }
 
 // The block products, on raw rows, R rows at a time: y[u] (n) [=] alpha x[u] (k) @ M (k, n)
@@ -144,14 +134,13 @@ KOKKOS_INLINE_FUNCTION void vec_mat(T* const (&y)[R], const T* const (&x)[R], in
 }
 
 // f(std::integral_constant<int, R>{}, r0) for rows r0 .. r0 + R - 1 of [0, n): groups of
-// kRows, and one smaller last group, spread over the team's threads. Six, not four: on one
-// core four tiles of six rows ran at 205 GFLOP/s, of four rows at 145.
+// kRows, and one smaller last group. Six, not four: on one core four tiles of six rows ran at
+// 205 GFLOP/s, of four rows at 145.
 constexpr int kRows = 6;
 
 template <class F>
-KOKKOS_INLINE_FUNCTION void row_groups(const Member& m, int n, const F& f) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (n + kRows - 1) / kRows), [&](int i) {
-    const int r0 = kRows * i;
+inline void row_groups(int n, const F& f) {
+  for (int r0 = 0; r0 < n; r0 += kRows) {
     switch (n - r0 < kRows ? n - r0 : kRows) {
       case 6:
         f(std::integral_constant<int, 6>{}, r0);
@@ -172,56 +161,52 @@ KOKKOS_INLINE_FUNCTION void row_groups(const Member& m, int n, const F& f) {
         f(std::integral_constant<int, 1>{}, r0);
         break;
     }
-  });
+  }
 }
 
 // bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld), widened to A.
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION void pack_transposed(const Member& m, A* bt, const T* src, int ld, int n,
-                                            int k) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int c) {
+inline void pack_transposed(A* bt, const T* src, int ld, int n, int k) {
+  for (int c = 0; c < n; ++c) {
     const T* row = src + std::size_t(c) * ld;
     for (int d = 0; d < k; ++d) bt[std::size_t(d) * n + c] = A(row[d]);
-  });
+  }
 }
 
 // dst: (n, k) rows k apart [=] the (n, k) rows src (row stride ld) widened to A, or zero
 // when !keep (a fresh accumulator).
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION void pack_rows(const Member& m, A* dst, const T* src, int ld, int n, int k,
-                                      bool keep = true) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
+inline void pack_rows(A* dst, const T* src, int ld, int n, int k, bool keep = true) {
+  for (int r = 0; r < n; ++r) {
     const T* row = src + std::size_t(r) * ld;
     A* const o = dst + std::size_t(r) * k;
     for (int d = 0; d < k; ++d) o[d] = keep ? A(row[d]) : A(0);
-  });
+  }
 }
 
 // dst: (n, k) rows ld apart [=] the (n, k) rows src (k apart) rounded to T: an accumulator's
 // one rounding.
 template <class T, class A>
-KOKKOS_INLINE_FUNCTION void store_rows(const Member& m, T* dst, int ld, const A* src, int n,
-                                       int k) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
+inline void store_rows(T* dst, int ld, const A* src, int n, int k) {
+  for (int r = 0; r < n; ++r) {
     T* const row = dst + std::size_t(r) * ld;
     const A* const s = src + std::size_t(r) * k;
     for (int d = 0; d < k; ++d) row[d] = T(s[d]);
-  });
+  }
 }
 
-// x's rows t < n of batch b, head columns [head, head + HS), set to zero by the team.
+// x's rows t < n of batch b, head columns [head, head + HS), set to zero.
 template <class T>
-KOKKOS_INLINE_FUNCTION void zero_head_rows(const Member& m, const Heads<T>& x, int b, int n,
-                                           std::size_t head, int HS) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int t) {
+inline void zero_head_rows(const Heads<T>& x, int b, int n, std::size_t head, int HS) {
+  for (int t = 0; t < n; ++t) {
     T* const row = x.view.data() + x.at(b, t, n) + head;
     for (int d = 0; d < HS; ++d) row[d] = T(0);
-  });
+  }
 }
 
 // A block of rows as the products read (or accumulate into) them: its first row and row
 // stride. Where T is its own accumulate type these are the tensor's rows; bf16 rows are
-// widened into the team's scratch at w (rows k apart), an accumulator from the tensor when
+// widened into the block's scratch at w (rows k apart), an accumulator from the tensor when
 // `keep`, else from zero (rounded back once, by store_rows).
 template <class A>
 struct Rows {
@@ -229,10 +214,9 @@ struct Rows {
   int ld;
 };
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION Rows<const A> read_rows(const Member& m, A* w, const T* src, int ld, int n,
-                                               int k) {
+inline Rows<const A> read_rows(A* w, const T* src, int ld, int n, int k) {
   if constexpr (kWidened<T>) {
-    pack_rows(m, w, src, ld, n, k);
+    pack_rows(w, src, ld, n, k);
     return {w, k};
   } else {
     return {src, ld};
@@ -249,10 +233,9 @@ KOKKOS_INLINE_FUNCTION Rows<A> dq_rows(A* dqw, T* dq, int ld, int i0, int HS) {
   }
 }
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION Rows<A> accumulator_rows(const Member& m, A* w, T* dst, int ld, int n, int k,
-                                                bool keep) {
+inline Rows<A> accumulator_rows(A* w, T* dst, int ld, int n, int k, bool keep) {
   if constexpr (kWidened<T>) {
-    pack_rows(m, w, dst, ld, n, k, keep);
+    pack_rows(w, dst, ld, n, k, keep);
     return {w, k};
   } else {
     return {dst, ld};
@@ -301,16 +284,16 @@ KOKKOS_INLINE_FUNCTION A row_dot_widened(const A* x, const T* y, int n) {
 }
 
 // D (n) [=] rowsum(dO * O) over a block's n rows (dO's dout_ld apart, O's out_ld apart, HS
-// columns), by the team.
+// columns).
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION void rowsum_dout_out(const Member& m, A* D, const A* dout, int dout_ld,
-                                            const T* out, int out_ld, int n, int HS) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int r) {
+inline void rowsum_dout_out(A* D, const A* dout, int dout_ld, const T* out, int out_ld, int n,
+                            int HS) {
+  for (int r = 0; r < n; ++r) {
     D[r] = row_dot_widened(dout + std::size_t(r) * dout_ld, out + std::size_t(r) * out_ld, HS);
-  });
+  }
 }
 
-// One (query block, key block) pair of the forward, as its row groups see it: the team's
+// One (query block, key block) pair of the forward, as its row groups see it: the block's
 // scratch and the block's rows of Q and V (head columns). The group functions take blocks
 // by value: a local copy, which the block's float stores cannot alias (by reference,
 // attention ran about 10% slower).
@@ -358,7 +341,7 @@ KOKKOS_FORCEINLINE_FUNCTION void forward_rows(const ForwardBlock<T> f, int r0) {
 }
 
 // One (key block, query block) pair of the backward, as its row and column groups see it:
-// the team's scratch, and the first rows of the blocks in Q, dQ, dO and lse (query block)
+// the block's scratch, and the first rows of the blocks in Q, dQ, dO and lse (query block)
 // and in K, dK, dV (key block), head columns.
 template <class T>
 struct BackwardBlock {
@@ -438,22 +421,20 @@ KOKKOS_INLINE_FUNCTION void backward_key_columns(const BackwardBlock<T> f, int c
                 T(1));
 }
 
-// The start of one head's backward, by its team. bf16: the head's dQ accumulator in level-1
-// scratch, from dq (accumulate) or zero, returned. Otherwise the team's rows of dq, dk and dv,
+// The start of one head's backward. bf16: the head's dQ accumulator in scratch at dqw, from dq
+// (accumulate) or zero, returned. Otherwise the head's rows of dq, dk and dv,
 // zeroed unless accumulating; nullptr.
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION A* begin_head(const Member& team, const Heads<T>& dq, const Heads<T>& dk,
-                                     const Heads<T>& dv, int b, int Tq, int Tk, std::size_t head,
-                                     int HS, std::size_t dq_elems, bool accumulate) {
+inline A* begin_head(A* dqw, const Heads<T>& dq, const Heads<T>& dk, const Heads<T>& dv, int b,
+                     int Tq, int Tk, std::size_t head, int HS, bool accumulate) {
   if constexpr (kWidened<T>) {
-    A* const dqw = scratch<A>(team, dq_elems, 1);
-    pack_rows(team, dqw, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, Tq, HS, accumulate);
+    pack_rows(dqw, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, Tq, HS, accumulate);
     return dqw;
   } else {
     if (!accumulate) {
-      zero_head_rows(team, dq, b, Tq, head, HS);
-      zero_head_rows(team, dk, b, Tk, head, HS);
-      zero_head_rows(team, dv, b, Tk, head, HS);
+      zero_head_rows(dq, b, Tq, head, HS);
+      zero_head_rows(dk, b, Tk, head, HS);
+      zero_head_rows(dv, b, Tk, head, HS);
     }
     return nullptr;
   }
@@ -462,20 +443,17 @@ KOKKOS_INLINE_FUNCTION A* begin_head(const Member& team, const Heads<T>& dq, con
 // One (key block, query block) pair of the backward, its operands in place: D = rowsum(dO * O)
 // into D (O's rows out_ld apart), then dQ's rows, then dK's and dV's columns.
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION void backward_block(const Member& team, const BackwardBlock<A>& blk, A* D,
-                                           const T* out, int out_ld) {
+inline void backward_block(const BackwardBlock<A>& blk, A* D, const T* out, int out_ld) {
   // D again for each key block: a (bq, HS) pass, against scratch that stays a few blocks
   // whatever the sequence length.
-  rowsum_dout_out(team, D, blk.dout, blk.dout_ld, out, out_ld, blk.nq, blk.HS);
-  team.team_barrier();
-  row_groups(team, blk.nq,
+  rowsum_dout_out(D, blk.dout, blk.dout_ld, out, out_ld, blk.nq, blk.HS);
+  row_groups(blk.nq,
              [&](auto rows, int r0) { backward_query_rows<A, decltype(rows)::value>(blk, r0); });
-  team.team_barrier();
-  row_groups(team, blk.nk,
+  row_groups(blk.nk,
              [&](auto cols, int c0) { backward_key_columns<A, decltype(cols)::value>(blk, c0); });
 }
 
-// Each team's level-0 scratch, as offsets in elements of the accumulate type A. Forward:
+// Each block's scratch, as offsets in elements of the accumulate type A. Forward:
 // K_blk^T (HS, bk) | scores/probabilities (bq, bk) | output accumulator (bq, HS) | running
 // max (bq) | running sum (bq); widened (bf16) only: Q_blk (bq, HS) | V_blk (bk, HS).
 struct ForwardScratch {
@@ -497,10 +475,9 @@ ForwardScratch forward_scratch(int bq, int bk, int HS) {
 
 // Backward: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk) | D =
 // rowsum(dO * O) (bq); widened (bf16) only: K_blk (bk, HS) | Q_blk (bq, HS) | dO_blk (bq, HS)
-// | dK_blk, dV_blk accumulators (bk, HS) each, and in level-1 scratch the head's dQ
-// accumulator (Tq, HS).
+// | dK_blk, dV_blk accumulators (bk, HS) each | the head's dQ accumulator (Tq, HS).
 struct BackwardScratch {
-  std::size_t kt, vt, p, ds, d, kw, qw, dow, dkw, dvw, elems, dq_elems;
+  std::size_t kt, vt, p, ds, d, kw, qw, dow, dkw, dvw, dqw, elems;
 };
 template <class T>
 BackwardScratch backward_scratch(int bq, int bk, int HS, int Tq) {
@@ -515,8 +492,8 @@ BackwardScratch backward_scratch(int bq, int bk, int HS, int Tq) {
   b.dow = b.qw + std::size_t(bq) * HS;
   b.dkw = b.dow + std::size_t(bq) * HS;
   b.dvw = b.dkw + std::size_t(bk) * HS;
-  b.elems = kWidened<T> ? b.dvw + std::size_t(bk) * HS : b.kw;
-  b.dq_elems = kWidened<T> ? std::size_t(Tq) * HS : 0;
+  b.dqw = b.dvw + std::size_t(bk) * HS;
+  b.elems = kWidened<T> ? b.dqw + std::size_t(Tq) * HS : b.kw;
   return b;
 }
 
@@ -546,48 +523,46 @@ void host_attention_forward(Vec<T> out, Vec<accumulate_t<T>> lse, CHeads<T> q, C
   const bool causal = cfg.causal;
   const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
-  Kokkos::parallel_for(
-      "ptrain::attention_forward", team_policy<A>(B * NH * q_blocks, sc.elems),
-      KOKKOS_LAMBDA(const Member& team) {
-        // team = (b*NH + h)*q_blocks + query block
-        const int qb = team.league_rank() % q_blocks, bh = team.league_rank() / q_blocks;
+  parallel_blocks(
+      "ptrain::attention_forward", B * NH * q_blocks, sc.elems * sizeof(A),
+      [&](int block, char* scratch) {
+        // block = (b*NH + h)*q_blocks + query block
+        const int qb = block % q_blocks, bh = block / q_blocks;
         const int h = bh % NH, b = bh / NH, i0 = qb * bq;
         const int nq = i0 + bq <= Tq ? bq : Tq - i0;
         const int q_pos_first = q_pos0 + i0;
-        A* const w = scratch<A>(team, sc.elems);
+        A* const w = reinterpret_cast<A*>(scratch);
         const Rows<const A> qr = read_rows(
-            team, w + sc.qw, q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS, q.ld, nq, HS);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+            w + sc.qw, q.view.data() + q.at(b, i0, Tq) + std::size_t(h) * HS, q.ld, nq, HS);
+        for (int r = 0; r < nq; ++r) {
           w[sc.m + r] = neg_inf;
           w[sc.l + r] = A(0);
           for (int d = 0; d < HS; ++d) w[sc.acc + std::size_t(r) * HS + d] = A(0);
-        });
+        }
         for (int j0 = 0; j0 < Tk; j0 += bk) {
           const int nk = j0 + bk <= Tk ? bk : Tk - j0;
           const int k_pos_first = k_pos0 + j0;
           if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) break;
           const std::size_t head = std::size_t(h) * HS;
-          team.team_barrier();
-          pack_transposed(team, w + sc.kt, k.view.data() + k.at(b, j0, Tk) + head, k.ld, nk, HS);
+          pack_transposed(w + sc.kt, k.view.data() + k.at(b, j0, Tk) + head, k.ld, nk, HS);
           const Rows<const A> vr =
-              read_rows(team, w + sc.vw, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
-          team.team_barrier();
+              read_rows(w + sc.vw, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
           const ForwardBlock<A> blk{
               w + sc.s, w + sc.acc, w + sc.m, w + sc.l,    w + sc.kt,   qr.p,   vr.p,  qr.ld,
               vr.ld,    nk,         HS,       q_pos_first, k_pos_first, causal, scale, neg_inf};
-          row_groups(team, nq,
+          row_groups(nq,
                      [&](auto rows, int r0) { forward_rows<A, decltype(rows)::value>(blk, r0); });
         }
         T* const outp = out.data() + (std::size_t(b) * Tq + i0) * C + std::size_t(h) * HS;
         A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq), [&](int r) {
+        for (int r = 0; r < nq; ++r) {
           const A l = w[sc.l + r];
           const A* acc = w + sc.acc + std::size_t(r) * HS;
           T* o = outp + std::size_t(r) * C;
           const A inv = l > A(0) ? A(1) / l : A(0);
           for (int d = 0; d < HS; ++d) o[d] = T(acc[d] * inv);
           lsep[r] = l > A(0) ? w[sc.m + r] + detail::log_(l) : neg_inf;
-        });
+        }
       });
 }
 
@@ -607,14 +582,12 @@ void host_attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout
   const bool causal = cfg.causal;
   const int q_pos0 = cfg.q_pos0, k_pos0 = cfg.k_pos0;
 
-  Kokkos::parallel_for(
-      "ptrain::attention_backward", team_policy<A>(B * NH, sc.elems, sc.dq_elems),
-      KOKKOS_LAMBDA(const Member& team) {
-        const int h = team.league_rank() % NH, b = team.league_rank() / NH;
+  parallel_blocks(
+      "ptrain::attention_backward", B * NH, sc.elems * sizeof(A), [&](int block, char* scratch) {
+        const int h = block % NH, b = block / NH;
         const std::size_t head = std::size_t(h) * HS;
-        A* const w = scratch<A>(team, sc.elems);
-        A* const dqw =
-            begin_head<A>(team, dq, dk, dv, b, Tq, Tk, head, HS, sc.dq_elems, accumulate);
+        A* const w = reinterpret_cast<A*>(scratch);
+        A* const dqw = begin_head<A>(w + sc.dqw, dq, dk, dv, b, Tq, Tk, head, HS, accumulate);
         const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
         // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
         // dQ's rows still add the key blocks in order, and dK's and dV's the query blocks.
@@ -624,21 +597,19 @@ void host_attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout
           const T* const kg = k.view.data() + k.at(b, j0, Tk) + head;
           T* const dkg = dk.view.data() + dk.at(b, j0, Tk) + head;
           T* const dvg = dv.view.data() + dv.at(b, j0, Tk) + head;
-          team.team_barrier();
-          pack_transposed(team, w + sc.kt, kg, k.ld, nk, HS);
-          pack_transposed(team, w + sc.vt, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
-          const Rows<const A> kr = read_rows(team, w + sc.kw, kg, k.ld, nk, HS);
-          const Rows<A> dkr = accumulator_rows(team, w + sc.dkw, dkg, dk.ld, nk, HS, accumulate);
-          const Rows<A> dvr = accumulator_rows(team, w + sc.dvw, dvg, dv.ld, nk, HS, accumulate);
+          pack_transposed(w + sc.kt, kg, k.ld, nk, HS);
+          pack_transposed(w + sc.vt, v.view.data() + v.at(b, j0, Tk) + head, v.ld, nk, HS);
+          const Rows<const A> kr = read_rows(w + sc.kw, kg, k.ld, nk, HS);
+          const Rows<A> dkr = accumulator_rows(w + sc.dkw, dkg, dk.ld, nk, HS, accumulate);
+          const Rows<A> dvr = accumulator_rows(w + sc.dvw, dvg, dv.ld, nk, HS, accumulate);
           for (int i0 = 0; i0 < Tq; i0 += bq) {
             const int nq = i0 + bq <= Tq ? bq : Tq - i0;
             const int q_pos_first = q_pos0 + i0;
             if (block_masked(causal, q_pos_first + nq - 1, k_pos_first)) continue;
-            team.team_barrier();
             const Rows<const A> qr =
-                read_rows(team, w + sc.qw, q.view.data() + q.at(b, i0, Tq) + head, q.ld, nq, HS);
+                read_rows(w + sc.qw, q.view.data() + q.at(b, i0, Tq) + head, q.ld, nq, HS);
             const Rows<const A> dor =
-                read_rows(team, w + sc.dow, dout.data() + o_head + std::size_t(i0) * C, C, nq, HS);
+                read_rows(w + sc.dow, dout.data() + o_head + std::size_t(i0) * C, C, nq, HS);
             const Rows<A> dqr =
                 dq_rows(dqw, dq.view.data() + dq.at(b, i0, Tq) + head, dq.ld, i0, HS);
             const A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
@@ -647,17 +618,15 @@ void host_attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout
                 dor.p,       lsep,        kr.p,     dkr.p,     dvr.p,     qr.ld, dqr.ld,
                 dor.ld,      kr.ld,       dkr.ld,   dvr.ld,    nq,        nk,    HS,
                 q_pos_first, k_pos_first, causal,   scale,     neg_inf};
-            backward_block(team, blk, w + sc.d, out.data() + o_head + std::size_t(i0) * C, C);
+            backward_block(blk, w + sc.d, out.data() + o_head + std::size_t(i0) * C, C);
           }
           if constexpr (kWidened<T>) {  // the key block's dK and dV, rounded once
-            team.team_barrier();
-            store_rows(team, dkg, dk.ld, w + sc.dkw, nk, HS);
-            store_rows(team, dvg, dv.ld, w + sc.dvw, nk, HS);
+            store_rows(dkg, dk.ld, w + sc.dkw, nk, HS);
+            store_rows(dvg, dv.ld, w + sc.dvw, nk, HS);
           }
         }
         if constexpr (kWidened<T>) {  // the head's dQ, rounded once
-          team.team_barrier();
-          store_rows(team, dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, dqw, Tq, HS);
+          store_rows(dq.view.data() + dq.at(b, 0, Tq) + head, dq.ld, dqw, Tq, HS);
         }
       });
 }

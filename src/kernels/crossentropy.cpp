@@ -4,6 +4,7 @@
 
 #include "kernels/detail_math.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/parallel.hpp"
 #include "util/error.hpp"
 
 namespace ptrain::kernels {
@@ -54,10 +55,12 @@ void crossentropy_row_max(Vec<accumulate_t<T>> row_max, CVec<T> logits, int N,
   const int V = shard.v_local, nreal = real_columns(shard);
   const A lowest = -std::numeric_limits<A>::infinity();
   if (kernel_shape() == KernelShape::host) {
-    Kokkos::parallel_for(
-        "ptrain::crossentropy_row_max", N, KOKKOS_LAMBDA(int n) {
+    parallel_items(
+        "ptrain::crossentropy_row_max", N,
+        KOKKOS_LAMBDA(int n) {
           row_max(n) = detail::row_max(logits.data() + std::size_t(n) * V, nreal, lowest);
-        });
+        },
+        rows_per_fork(V));
     return;
   }
   Kokkos::parallel_for(
@@ -84,13 +87,15 @@ void crossentropy_row_sumexp(Vec<accumulate_t<T>> sumexp, Vec<accumulate_t<T>> t
   require_len("crossentropy_row_sumexp logits", logits.extent(0), std::size_t(N) * shard.v_local);
   const int V = shard.v_local, nreal = real_columns(shard), v_begin = shard.v_begin;
   if (kernel_shape() == KernelShape::host) {
-    Kokkos::parallel_for(
-        "ptrain::crossentropy_row_sumexp", N, KOKKOS_LAMBDA(int n) {
+    parallel_items(
+        "ptrain::crossentropy_row_sumexp", N,
+        KOKKOS_LAMBDA(int n) {
           const T* x = logits.data() + std::size_t(n) * V;
           sumexp(n) = detail::row_sum_exp(x, nreal, A(1), row_max(n));
           const int col = targets(n) - v_begin;
           target_logit(n) = (col >= 0 && col < nreal) ? A(x[col]) : A(0);
-        });
+        },
+        rows_per_fork(V));
     return;
   }
   Kokkos::parallel_for(
@@ -135,15 +140,17 @@ void crossentropy_backward(Vec<T> logits, CVec<accumulate_t<T>> row_max,
   // logits row x (V) [=] dloss (softmax(x) - onehot(target)) on the real columns, 0 past them.
   // For bf16 the target's p - 1 is formed in fp32 and rounded once (read before x is written).
   if (kernel_shape() == KernelShape::host) {
-    Kokkos::parallel_for(
-        "ptrain::crossentropy_backward", N, KOKKOS_LAMBDA(int n) {
+    parallel_items(
+        "ptrain::crossentropy_backward", N,
+        KOKKOS_LAMBDA(int n) {
           T* x = logits.data() + std::size_t(n) * V;
           const GradRow<A> g =
               grad_row(x, row_max(n), sumexp(n), targets(n) - v_begin, nreal, dloss);
           for (int v = 0; v < nreal; ++v) x[v] = T(detail::exp_(A(x[v]) - g.m) * g.scale);
           if (g.hit) x[g.col] = detail::kWidened<T> ? T(g.target) : T(A(x[g.col]) - dloss);
           for (int v = nreal; v < V; ++v) x[v] = T(0);
-        });
+        },
+        rows_per_fork(V));
     return;
   }
   Kokkos::parallel_for(

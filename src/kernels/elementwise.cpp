@@ -3,6 +3,7 @@
 
 #include "kernels/detail_math.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/parallel.hpp"
 #include "util/checksum.hpp"
 #include "util/error.hpp"
 
@@ -29,16 +30,17 @@ void require_len(const char* what, std::size_t extent, std::size_t need) {
 
 template <class T>
 void fill(Vec<T> x, T value) {
-  Kokkos::parallel_for(
-      "ptrain::fill", x.extent(0), KOKKOS_LAMBDA(std::size_t i) { x(i) = value; });
+  parallel_items(
+      "ptrain::fill", x.extent(0), KOKKOS_LAMBDA(std::size_t i) { x(i) = value; }, kForkElements);
 }
 
 template <class T>
 void copy(Vec<T> dst, CVec<T> src) {
   PTRAIN_REQUIRE(dst.extent(0) == src.extent(0), "copy: extents differ (", dst.extent(0), " vs ",
                  src.extent(0), ")");
-  Kokkos::parallel_for(
-      "ptrain::copy", dst.extent(0), KOKKOS_LAMBDA(std::size_t i) { dst(i) = src(i); });
+  parallel_items(
+      "ptrain::copy", dst.extent(0), KOKKOS_LAMBDA(std::size_t i) { dst(i) = src(i); },
+      kForkElements);
 }
 
 template <class T>
@@ -68,17 +70,18 @@ void axpy(Vec<T> y, accumulate_t<T> alpha, CVec<T> x) {
   using A = accumulate_t<T>;
   PTRAIN_REQUIRE(y.extent(0) == x.extent(0), "axpy: extents differ (", y.extent(0), " vs ",
                  x.extent(0), ")");
-  Kokkos::parallel_for(
+  parallel_items(
       "ptrain::axpy", y.extent(0),
-      KOKKOS_LAMBDA(std::size_t i) { detail::add_to(y(i), alpha * A(x(i))); });
+      KOKKOS_LAMBDA(std::size_t i) { detail::add_to(y(i), alpha * A(x(i))); }, kForkElements);
 }
 
 template <class To, class From>
 void cast(Vec<To> dst, CVec<From> src) {
   PTRAIN_REQUIRE(dst.extent(0) == src.extent(0), "cast: extents differ (", dst.extent(0), " vs ",
                  src.extent(0), ")");
-  Kokkos::parallel_for(
-      "ptrain::cast", dst.extent(0), KOKKOS_LAMBDA(std::size_t i) { dst(i) = To(src(i)); });
+  parallel_items(
+      "ptrain::cast", dst.extent(0), KOKKOS_LAMBDA(std::size_t i) { dst(i) = To(src(i)); },
+      kForkElements);
 }
 template void cast<bf16, float>(Vec<bf16>, CVec<float>);
 template void cast<float, bf16>(Vec<float>, CVec<bf16>);
@@ -86,12 +89,14 @@ template void cast<float, bf16>(Vec<float>, CVec<bf16>);
 void add_block_sum(Vec<float> dst, CVec<bf16> blocks, int n_blocks) {
   const std::size_t n = dst.extent(0);
   require_len("add_block_sum blocks", blocks.extent(0), n * std::size_t(n_blocks));
-  Kokkos::parallel_for(
-      "ptrain::add_block_sum", n, KOKKOS_LAMBDA(std::size_t i) {
+  parallel_items(
+      "ptrain::add_block_sum", n,
+      KOKKOS_LAMBDA(std::size_t i) {
         float s = 0;
         for (int q = 0; q < n_blocks; ++q) s += float(blocks(std::size_t(q) * n + i));
         dst(i) += s;
-      });
+      },
+      kForkElements);
 }
 
 template <class T>
@@ -156,11 +161,13 @@ void residual_forward(Vec<T> out, CVec<T> a, CVec<T> b, std::size_t n) {
   require_len("residual_forward out", out.extent(0), n);
   require_len("residual_forward a", a.extent(0), n);
   require_len("residual_forward b", b.extent(0), n);
-  Kokkos::parallel_for(
-      "ptrain::residual_forward", n, KOKKOS_LAMBDA(std::size_t i) {
+  parallel_items(
+      "ptrain::residual_forward", n,
+      KOKKOS_LAMBDA(std::size_t i) {
         using A = accumulate_t<T>;
         out(i) = T(A(a(i)) + A(b(i)));
-      });
+      },
+      kForkElements);
 }
 
 namespace {
@@ -172,13 +179,15 @@ template <class T>
 void gelu_forward(Vec<T> out, CVec<T> inp, std::size_t n) {
   require_len("gelu_forward out", out.extent(0), n);
   require_len("gelu_forward inp", inp.extent(0), n);
-  Kokkos::parallel_for(
-      "ptrain::gelu_forward", n, KOKKOS_LAMBDA(std::size_t i) {
+  parallel_items(
+      "ptrain::gelu_forward", n,
+      KOKKOS_LAMBDA(std::size_t i) {
         using A = accumulate_t<T>;
         const A x = inp(i);
         const A u = A(kGeluScale) * (x + A(kGeluCubic) * x * x * x);
         out(i) = T(A(0.5) * x * (A(1) + tanh_(u)));
-      });
+      },
+      kForkElements);
 }
 
 template <class T>
@@ -186,8 +195,9 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
   require_len("gelu_backward dinp", dinp.extent(0), n);
   require_len("gelu_backward inp", inp.extent(0), n);
   require_len("gelu_backward dout", dout.extent(0), n);
-  Kokkos::parallel_for(
-      "ptrain::gelu_backward", n, KOKKOS_LAMBDA(std::size_t i) {
+  parallel_items(
+      "ptrain::gelu_backward", n,
+      KOKKOS_LAMBDA(std::size_t i) {
         using A = accumulate_t<T>;
         const A x = inp(i);
         const A u = A(kGeluScale) * (x + A(kGeluCubic) * x * x * x);
@@ -196,7 +206,8 @@ void gelu_backward(Vec<T> dinp, CVec<T> inp, CVec<T> dout, std::size_t n) {
         const A du = A(kGeluScale) * (A(1) + A(3 * kGeluCubic) * x * x);
         const A grad = A(0.5) * (A(1) + th) + A(0.5) * x * sech2 * du;
         dinp(i) = T(grad * A(dout(i)));
-      });
+      },
+      kForkElements);
 }
 
 #define PTRAIN_INSTANTIATE(T)                                                                    \

@@ -4,6 +4,7 @@
 #include "kernels/detail_math.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/parallel.hpp"
 #include "util/error.hpp"
 
 namespace ptrain::kernels {
@@ -185,8 +186,9 @@ void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T
   // x, y: (N, C) rows; for float and double the variance is of y = x - m written to y first
   // (so the host loop vectorises), for bf16 of x - m in fp32 (y could hold it only rounded)
   if (kernel_shape() == KernelShape::host) {
-    Kokkos::parallel_for(
-        "ptrain::layernorm_forward", N, KOKKOS_LAMBDA(int n) {
+    parallel_items(
+        "ptrain::layernorm_forward", N,
+        KOKKOS_LAMBDA(int n) {
           const T* x = inp.data() + std::size_t(n) * C;
           T* y = out.data() + std::size_t(n) * C;
           const A m = detail::row_sum(x, C) / A(C);
@@ -201,7 +203,8 @@ void layernorm_forward(Vec<T> out, Vec<accumulate_t<T>> mean, Vec<accumulate_t<T
           for (int c = 0; c < C; ++c) y[c] = normalized<T>(x[c], y[c], m, s, weight(c), bias(c));
           mean(n) = m;
           rstd(n) = s;
-        });
+        },
+        rows_per_fork(C));
     return;
   }
   Kokkos::parallel_for(
@@ -249,8 +252,9 @@ void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T>
   require_len("layernorm_backward rstd", rstd.extent(0), std::size_t(N));
   // dinp += rstd (w dout - mean(w dout) - xhat mean(w dout xhat)), row by row; wg = w dout
   if (kernel_shape() == KernelShape::host) {
-    Kokkos::parallel_for(
-        "ptrain::layernorm_backward_input", N, KOKKOS_LAMBDA(int n) {
+    parallel_items(
+        "ptrain::layernorm_backward_input", N,
+        KOKKOS_LAMBDA(int n) {
           const T* x = inp.data() + std::size_t(n) * C;
           const T* g = dout.data() + std::size_t(n) * C;
           T* dx = dinp.data() + std::size_t(n) * C;
@@ -262,7 +266,8 @@ void layernorm_backward(Vec<T> dinp, OutVec<G> dweight, OutVec<G> dbias, CVec<T>
           for (int c = 0; c < C; ++c)
             detail::add_to(dx[c],
                            (A(weight(c)) * A(g[c]) - mean_g - (A(x[c]) - m) * s * mean_gx) * s);
-        });
+        },
+        rows_per_fork(C));
   } else {
     Kokkos::parallel_for(
         "ptrain::layernorm_backward_input(teams)", detail::row_teams<A>(N),

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/parallel.hpp"
 #include "util/error.hpp"
 #include "util/kmath.hpp"
 
@@ -89,9 +90,10 @@ template <class T, class G>
 void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const G*>& g,
                   const Kokkos::View<T*>& m, const Kokkos::View<T*>& v, std::size_t begin,
                   std::size_t end, const T keep, const AdamWCoeffs<T> c) {
-  Kokkos::parallel_for(
-      "ptrain::optim::adamw", Kokkos::RangePolicy<>(begin, end),
-      KOKKOS_LAMBDA(const std::int64_t i) {
+  kernels::parallel_items(
+      "ptrain::optim::adamw", std::int64_t(end - begin),
+      KOKKOS_LAMBDA(const std::int64_t k) {
+        const std::int64_t i = std::int64_t(begin) + k;
         const T x = p(i) * keep;
         const T gi = T(g(i)) * c.grad_scale;
         const T mi = m(i) * c.b1 + c.one_b1 * gi;
@@ -100,16 +102,21 @@ void adamw_update(const Kokkos::View<T*>& p, const Kokkos::View<const G*>& g,
         v(i) = vi;
         const T denom = kmath::sqrt(vi) / c.sqrt_bc2 + c.eps;
         p(i) = x + (-c.step_size * mi) / denom;
-      });
+      },
+      kernels::kForkElements);
 }
 
 // p, g: (n,); elements [begin, end): p *= keep (1: not decayed), then p -= lr*(scale*g).
 template <class T, class G>
 void sgd_update(const Kokkos::View<T*>& p, const Kokkos::View<const G*>& g, std::size_t begin,
                 std::size_t end, const T keep, const T lr, const T scale) {
-  Kokkos::parallel_for(
-      "ptrain::optim::sgd", Kokkos::RangePolicy<>(begin, end),
-      KOKKOS_LAMBDA(const std::int64_t i) { p(i) = p(i) * keep - lr * (T(g(i)) * scale); });
+  kernels::parallel_items(
+      "ptrain::optim::sgd", std::int64_t(end - begin),
+      KOKKOS_LAMBDA(const std::int64_t k) {
+        const std::int64_t i = std::int64_t(begin) + k;
+        p(i) = p(i) * keep - lr * (T(g(i)) * scale);
+      },
+      kernels::kForkElements);
 }
 
 }  // namespace detail
