@@ -243,15 +243,52 @@ inline Rows<A> accumulator_rows(A* w, T* dst, int ld, int n, int k, bool keep) {
 }
 
 // One query row's online-softmax step over a key block: s (nv) [=] exp(s - m') with m' the
-// new running max m, the running sum l rescaled and extended, and acc (HS) rescaled.
+// new running max m, the running sum l rescaled and extended, and acc (HS) rescaled. The max
+// and the sum of the exponentials (taken as they are stored) are in 16 lanes combined
+// pairwise (8 + 8, 4 + 4, ...): four dependent steps where a left-to-right pass over the lanes
+// takes sixteen, which at head size 16 or 32 cost as much as the row's products.
 template <class T>
-KOKKOS_INLINE_FUNCTION void online_softmax_step(T* s, int nv, T& m, T& l, T* acc, int HS,
-                                                T neg_inf) {
-  const T m_blk = detail::row_max(s, nv, neg_inf);
+inline void online_softmax_step(T* s, int nv, T& m, T& l, T* acc, int HS, T neg_inf) {
+  constexpr int W = kTile;
+  const int whole = nv / W * W;
+#if PTRAIN_ATTENTION_TILE_VECTORS
+  using V = typename TileVector<T>::type;
+  const auto halves = [](V v, auto op) {  // op over the lanes, pairwise
+    v = op(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
+    v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
+    v = op(v, __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
+    return v[0];
+  };
+  const auto vmax = [](V a, V b) { return b > a ? b : a; };
+  const auto vadd = [](V a, V b) { return a + b; };
+  V lanes = V{} + neg_inf;
+  for (int i = 0; i < whole; i += W) {
+    V x;
+    __builtin_memcpy(&x, s + i, sizeof(V));
+    lanes = vmax(lanes, x);
+  }
+  T m_blk = halves(lanes, vmax);
+#else
+  T m_blk = detail::row_max(s, whole, neg_inf);
+#endif
+  for (int i = whole; i < nv; ++i) m_blk = s[i] > m_blk ? s[i] : m_blk;
   const T m_new = m > m_blk ? m : m_blk;
   const T corr = m == neg_inf ? T(0) : detail::exp_(m - m_new);
-  for (int c = 0; c < nv; ++c) s[c] = detail::exp_(s[c] - m_new);
-  l = l * corr + detail::row_sum(s, nv);
+  for (int i = 0; i < nv; ++i) s[i] = detail::exp_(s[i] - m_new);
+#if PTRAIN_ATTENTION_TILE_VECTORS
+  V sums = V{};
+  for (int i = 0; i < whole; i += W) {
+    V x;
+    __builtin_memcpy(&x, s + i, sizeof(V));
+    sums += x;
+  }
+  T sum = halves(sums, vadd);
+#else
+  T sum = detail::row_sum(s, whole);
+#endif
+  for (int i = whole; i < nv; ++i) sum += s[i];
+  l = l * corr + sum;
   m = m_new;
   for (int d = 0; d < HS; ++d) acc[d] *= corr;
 }
@@ -266,30 +303,14 @@ KOKKOS_INLINE_FUNCTION void softmax_backward_row(T* p, T* ds, int nv, int nk, T 
   for (int c = nv; c < nk; ++c) p[c] = ds[c] = T(0);
 }
 
-// sum_i x[i] y[i] in A: detail::row_dot when both are A, else the same sum on y widened.
+// D (n) [=] rowsum(dO * O) over n rows of a head (dO's and O's rows ld apart, HS columns), in
+// A, in row_dot's order.
 template <class A, class T>
-KOKKOS_INLINE_FUNCTION A row_dot_widened(const A* x, const T* y, int n) {
-  if constexpr (std::is_same_v<T, A>) {
-    return detail::row_dot(x, y, n);
-  } else {
-    A acc[detail::kLanes] = {};
-    int i = 0;
-    for (; i + detail::kLanes <= n; i += detail::kLanes)
-      for (int l = 0; l < detail::kLanes; ++l) acc[l] += x[i + l] * A(y[i + l]);
-    A s = 0;
-    for (; i < n; ++i) s += x[i] * A(y[i]);
-    for (int l = 0; l < detail::kLanes; ++l) s += acc[l];
-    return s;
-  }
-}
-
-// D (n) [=] rowsum(dO * O) over a block's n rows (dO's dout_ld apart, O's out_ld apart, HS
-// columns).
-template <class A, class T>
-inline void rowsum_dout_out(A* D, const A* dout, int dout_ld, const T* out, int out_ld, int n,
-                            int HS) {
+inline void rowsum_dout_out(A* D, const T* dout, const T* out, int ld, int n, int HS) {
   for (int r = 0; r < n; ++r) {
-    D[r] = row_dot_widened(dout + std::size_t(r) * dout_ld, out + std::size_t(r) * out_ld, HS);
+    const T* const g = dout + std::size_t(r) * ld;
+    const T* const o = out + std::size_t(r) * ld;
+    D[r] = detail::row_sum_of<A>(HS, [&](int c) { return A(g[c]) * A(o[c]); });
   }
 }
 
@@ -440,13 +461,10 @@ inline A* begin_head(A* dqw, const Heads<T>& dq, const Heads<T>& dk, const Heads
   }
 }
 
-// One (key block, query block) pair of the backward, its operands in place: D = rowsum(dO * O)
-// into D (O's rows out_ld apart), then dQ's rows, then dK's and dV's columns.
-template <class A, class T>
-inline void backward_block(const BackwardBlock<A>& blk, A* D, const T* out, int out_ld) {
-  // D again for each key block: a (bq, HS) pass, against scratch that stays a few blocks
-  // whatever the sequence length.
-  rowsum_dout_out(D, blk.dout, blk.dout_ld, out, out_ld, blk.nq, blk.HS);
+// One (key block, query block) pair of the backward, its operands in place: dQ's rows, then
+// dK's and dV's columns.
+template <class A>
+inline void backward_block(const BackwardBlock<A>& blk) {
   row_groups(blk.nq,
              [&](auto rows, int r0) { backward_query_rows<A, decltype(rows)::value>(blk, r0); });
   row_groups(blk.nk,
@@ -473,9 +491,9 @@ ForwardScratch forward_scratch(int bq, int bk, int HS) {
   return f;
 }
 
-// Backward: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk) | D =
-// rowsum(dO * O) (bq); widened (bf16) only: K_blk (bk, HS) | Q_blk (bq, HS) | dO_blk (bq, HS)
-// | dK_blk, dV_blk accumulators (bk, HS) each | the head's dQ accumulator (Tq, HS).
+// Backward: K_blk^T (HS, bk) | V_blk^T (HS, bk) | P (bq, bk) | dP, then dS (bq, bk) | the
+// head's D = rowsum(dO * O) (Tq); widened (bf16) only: K_blk (bk, HS) | Q_blk (bq, HS) | dO_blk
+// (bq, HS) | dK_blk, dV_blk accumulators (bk, HS) each | the head's dQ accumulator (Tq, HS).
 struct BackwardScratch {
   std::size_t kt, vt, p, ds, d, kw, qw, dow, dkw, dvw, dqw, elems;
 };
@@ -487,7 +505,7 @@ BackwardScratch backward_scratch(int bq, int bk, int HS, int Tq) {
   b.p = b.vt + std::size_t(HS) * bk;
   b.ds = b.p + std::size_t(bq) * bk;
   b.d = b.ds + std::size_t(bq) * bk;
-  b.kw = b.d + bq;
+  b.kw = b.d + Tq;
   b.qw = b.kw + std::size_t(bk) * HS;
   b.dow = b.qw + std::size_t(bq) * HS;
   b.dkw = b.dow + std::size_t(bq) * HS;
@@ -589,6 +607,7 @@ void host_attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout
         A* const w = reinterpret_cast<A*>(scratch);
         A* const dqw = begin_head<A>(w + sc.dqw, dq, dk, dv, b, Tq, Tk, head, HS, accumulate);
         const std::size_t o_head = std::size_t(b) * Tq * C + head;  // row 0 in out and dout
+        rowsum_dout_out(w + sc.d, dout.data() + o_head, out.data() + o_head, C, Tq, HS);
         // Key blocks outside, query blocks inside: K^T and V^T are packed once per key block.
         // dQ's rows still add the key blocks in order, and dK's and dV's the query blocks.
         for (int j0 = 0; j0 < Tk; j0 += bk) {
@@ -614,11 +633,11 @@ void host_attention_backward(Heads<T> dq, Heads<T> dk, Heads<T> dv, CVec<T> dout
                 dq_rows(dqw, dq.view.data() + dq.at(b, i0, Tq) + head, dq.ld, i0, HS);
             const A* const lsep = lse.data() + (std::size_t(b) * NH + h) * Tq + i0;
             const BackwardBlock<A> blk{
-                w + sc.p,    w + sc.ds,   w + sc.d, w + sc.kt, w + sc.vt, qr.p,  dqr.p,
-                dor.p,       lsep,        kr.p,     dkr.p,     dvr.p,     qr.ld, dqr.ld,
-                dor.ld,      kr.ld,       dkr.ld,   dvr.ld,    nq,        nk,    HS,
-                q_pos_first, k_pos_first, causal,   scale,     neg_inf};
-            backward_block(blk, w + sc.d, out.data() + o_head + std::size_t(i0) * C, C);
+                w + sc.p,    w + sc.ds,   w + sc.d + i0, w + sc.kt, w + sc.vt, qr.p,  dqr.p,
+                dor.p,       lsep,        kr.p,          dkr.p,     dvr.p,     qr.ld, dqr.ld,
+                dor.ld,      kr.ld,       dkr.ld,        dvr.ld,    nq,        nk,    HS,
+                q_pos_first, k_pos_first, causal,        scale,     neg_inf};
+            backward_block(blk);
           }
           if constexpr (kWidened<T>) {  // the key block's dK and dV, rounded once
             store_rows(dkg, dk.ld, w + sc.dkw, nk, HS);
