@@ -164,12 +164,58 @@ inline void row_groups(int n, const F& f) {
   }
 }
 
-// bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld), widened to A.
+#if PTRAIN_ATTENTION_TILE_VECTORS
+// The (16, 16) tile at src (rows ld apart) transposed into dst (rows ldt apart): four butterfly
+// stages of lane shuffles on whole rows, where element by element a tile takes 256 scalar loads
+// and as many stores to 16 cache lines (at head size 32 and T = 128 the forward spent about as
+// long packing K^T as multiplying by it).
+template <class T>
+inline void transpose_tile(T* dst, int ldt, const T* src, int ld) {
+  using V = typename TileVector<T>::type;
+  V r[kTile];
+  for (int i = 0; i < kTile; ++i) __builtin_memcpy(&r[i], src + std::size_t(i) * ld, sizeof(V));
+    // Stage k: rows i and i + k (i & k == 0) swap the lanes l with l & k set of row i against
+    // those without of row i + k, shifted by k.
+#define PTRAIN_BUTTERFLY(K, ...)                                         \
+  for (int i = 0; i < kTile; ++i)                                        \
+    if (!(i & K)) {                                                      \
+      const V x = r[i], y = r[i + K];                                    \
+      r[i] = __builtin_shufflevector(x, y, __VA_ARGS__);                 \
+      r[i + K] = __builtin_shufflevector(x, y, PTRAIN_BUTTERFLY_HI_##K); \
+    }
+#define PTRAIN_BUTTERFLY_HI_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define PTRAIN_BUTTERFLY_HI_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define PTRAIN_BUTTERFLY_HI_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define PTRAIN_BUTTERFLY_HI_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+  PTRAIN_BUTTERFLY(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+  PTRAIN_BUTTERFLY(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+  PTRAIN_BUTTERFLY(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+  PTRAIN_BUTTERFLY(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+#undef PTRAIN_BUTTERFLY
+#undef PTRAIN_BUTTERFLY_HI_8
+#undef PTRAIN_BUTTERFLY_HI_4
+#undef PTRAIN_BUTTERFLY_HI_2
+#undef PTRAIN_BUTTERFLY_HI_1
+  for (int i = 0; i < kTile; ++i) __builtin_memcpy(dst + std::size_t(i) * ldt, &r[i], sizeof(V));
+}
+#endif
+
+// bt: (k, n) [=] transpose of the (n, k) rows src (row stride ld), widened to A: whole
+// (16, 16) tiles by lane shuffles where A is T, the rest element by element.
 template <class A, class T>
 inline void pack_transposed(A* bt, const T* src, int ld, int n, int k) {
+  int n16 = 0, k16 = 0;
+#if PTRAIN_ATTENTION_TILE_VECTORS
+  if constexpr (std::is_same_v<A, T>) {
+    n16 = n / kTile * kTile, k16 = k / kTile * kTile;
+    for (int c = 0; c < n16; c += kTile)
+      for (int d = 0; d < k16; d += kTile)
+        transpose_tile(bt + std::size_t(d) * n + c, n, src + std::size_t(c) * ld + d, ld);
+  }
+#endif
   for (int c = 0; c < n; ++c) {
     const T* row = src + std::size_t(c) * ld;
-    for (int d = 0; d < k; ++d) bt[std::size_t(d) * n + c] = A(row[d]);
+    for (int d = c < n16 ? k16 : 0; d < k; ++d) bt[std::size_t(d) * n + c] = A(row[d]);
   }
 }
 
