@@ -172,10 +172,10 @@ inline void row_groups(int n, const F& f) {
 template <class T>
 inline void transpose_tile(T* dst, int ldt, const T* src, int ld) {
   using V = typename TileVector<T>::type;
+  // Stage k: rows i and i + k (i & k == 0) swap the lanes l with l & k set of row i against
+  // those without of row i + k, shifted by k.
   V r[kTile];
   for (int i = 0; i < kTile; ++i) __builtin_memcpy(&r[i], src + std::size_t(i) * ld, sizeof(V));
-    // Stage k: rows i and i + k (i & k == 0) swap the lanes l with l & k set of row i against
-    // those without of row i + k, shifted by k.
 #define PTRAIN_BUTTERFLY(K, ...)                                         \
   for (int i = 0; i < kTile; ++i)                                        \
     if (!(i & K)) {                                                      \
