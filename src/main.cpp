@@ -457,9 +457,60 @@ struct MeasuredStep {
   }
 };
 
+// run%trace: every rank's timeline from construction on (time zero just after a barrier).
+class RunTrace {
+ public:
+  RunTrace(const Config& config, const Grid& grid)
+      : on_(config.run.trace), dir_(config.run.out_dir + "/trace"), rank_(grid.world_rank()) {
+    if (on_ && log::rank() == 0) std::filesystem::create_directories(dir_);
+    MPI_Barrier(MPI_COMM_WORLD);
+    trace::start(on_);
+  }
+  void write() const {
+    if (!on_) return;
+    trace::write(dir_, rank_);
+    log::info(cat("trace: per-rank timelines in ", dir_,
+                  "/rank*.csv (postprocess/plot_schedule.py draws them)"));
+  }
+
+ private:
+  bool on_;
+  std::string dir_;
+  int rank_;
+};
+
+// What a run's steps add up to: the last losses, and over the steps after the first (the
+// first pays for first touch) the tokens, the step seconds and the cost model's measurement.
+struct RunTotals {
+  double last_loss = std::nan(""), last_val = std::nan("");
+  double tokens = 0, busy = 0;
+  std::int64_t profiled_steps = 0;  // --bench's, the first excluded
+  MeasuredStep measured;
+};
+
+// The end of a run: the cost model against the measured steps, the memory peaks, the probe
+// after the steps (--bench), the done line and --bench's kernel table.
+void log_run_end(const Config& config, const Grid& grid, double peak, bool bench,
+                 const RunTotals& t, const parallel::StepPrediction& predicted, double seconds) {
+  const int world = grid.world_size();
+  const double tok_s = t.busy > 0 ? t.tokens / t.busy : 0;
+  const double gflops = model::flops_per_token(config) * tok_s / 1e9;
+  if (t.measured.steps > 0) log::info(t.measured.against(predicted));
+  log_memory_peaks(config, grid);  // before the second probe, whose buffers are not the run's
+  if (bench && config.backend.peak_gflops <= 0) log_probe_after(config, peak, gflops / world);
+  log::info(
+      cat("done: ", config.run.steps, " steps in ", format_duration(seconds), "; final loss ",
+          fixed("%.4f", t.last_loss),
+          std::isnan(t.last_val) ? std::string() : cat(", val loss ", fixed("%.4f", t.last_val)),
+          "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops), " GFLOP/s = ",
+          fixed("%.1f%%", 100 * gflops / (peak * world)), " of peak (steps after the first)"));
+  if (bench)
+    log::info(parallel::bench_report(t.busy / std::max<double>(1, double(t.profiled_steps)),
+                                     t.profiled_steps));
+}
+
 template <class P>
 int train(const Config& config, const Grid& grid, int threads, bool bench) {
-  const int world = grid.world_size();
   const double peak = peak_gflops(config, threads, bench);
   memory::reset_peaks();  // the sgemm probe's buffers are gone: the peaks are the run's
   parallel::Trainer<P> trainer(config, grid);
@@ -468,46 +519,32 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
   ckpt::initialise(config, grid, trainer);  // init_from, or from the seed
   const std::int64_t done = ckpt::resume(config, grid, trainer);
   ckpt::Checkpoints<P> checkpoints(config, grid, trainer);
+  const RunTrace trace(config, grid);
 
-  // run%trace: every rank's timeline from here on (time zero just after a barrier).
-  const std::string trace_dir = config.run.out_dir + "/trace";
-  if (config.run.trace && log::rank() == 0) std::filesystem::create_directories(trace_dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  trace::start(config.run.trace);
-  auto write_trace = [&] {
-    if (!config.run.trace) return;
-    trace::write(trace_dir, grid.world_rank());
-    log::info(cat("trace: per-rank timelines in ", trace_dir,
-                  "/rank*.csv (postprocess/plot_schedule.py draws them)"));
-  };
-
-  parallel::RunLog runlog(config, peak, world, done + 1);
-  std::int64_t profiled_steps = 0;
+  parallel::RunLog runlog(config, peak, grid.world_size(), done + 1);
   const double t0 = wall_seconds();
-  double last_val = std::nan(""), last_loss = std::nan("");
-  double tokens = 0, busy = 0;
-  MeasuredStep measured;  // the steps after the first, for the cost model's line
+  RunTotals totals;
   const parallel::Machine machine = parallel::machine_of(config);
   const parallel::StepPrediction predicted = parallel::predict_step(config, grid.layout(), machine);
   log::info(cat("cost model: predicted ", parallel::describe_prediction(predicted), " (",
                 parallel::describe_machine(machine), ")"));
   for (std::int64_t s = done + 1; s <= config.run.steps; ++s) {
     profile::enable(bench && s > done + 1);  // --bench: kernel breakdown, first step excluded
-    profiled_steps += profile::enabled() ? 1 : 0;
+    totals.profiled_steps += profile::enabled() ? 1 : 0;
     const auto r = runlog.measure([&] { return trainer.step(s); });
     profile::enable(false);
-    last_loss = r.loss;
+    totals.last_loss = r.loss;
     parallel::Validation val;
     const bool eval_now =
         (config.run.eval_every > 0 && s % config.run.eval_every == 0) || s == config.run.steps;
     if (eval_now && trainer.can_evaluate()) {
       val = trainer.evaluate();
-      last_val = val.loss;
+      totals.last_val = val.loss;
     }
     if (s > done + 1 || config.run.steps == done + 1) {  // the first step pays for first touch
-      tokens += double(r.tokens);
-      busy += r.t_step;
-      measured.add(r);
+      totals.tokens += double(r.tokens);
+      totals.busy += r.t_step;
+      totals.measured.add(r);
     }
     runlog.step(r, val, wall_seconds() - t0);
     checkpoints.poll(s);  // a background write that has ended: logged, or its error thrown
@@ -516,17 +553,17 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     // run%consistency_every: replicas agree before any checkpoint is written from this state.
     const std::int64_t every = config.run.consistency_every;
     if (every > 0 && (s % every == 0 || periodic || sig)) trainer.check_replicas(s);
-    if (periodic || sig) checkpoints.save(s, r.lr, last_val);
+    if (periodic || sig) checkpoints.save(s, r.lr, totals.last_val);
     if (sig) {
       checkpoints.wait(s);  // the stop's checkpoint is on disk before the job ends
-      write_trace();
+      trace.write();
       log::info(cat("stopped by signal ", sig, " after step ", s, " of ", config.run.steps,
                     "; resume with --set checkpoint%restart='latest'"));
       return kExitOk;
     }
   }
   checkpoints.wait(config.run.steps);
-  write_trace();
+  trace.write();
   if (done >= config.run.steps)
     log::info(cat("restart: the checkpoint is at step ", done, " of ", config.run.steps,
                   "; nothing left to train"));
@@ -535,23 +572,7 @@ int train(const Config& config, const Grid& grid, int threads, bool bench) {
     trainer.check_replicas(std::max(done, config.run.steps));  // unless that step was checked
     ckpt::save_final(config, grid, trainer);
   }
-
-  const double seconds = wall_seconds() - t0;
-  const double tok_s = busy > 0 ? tokens / busy : 0;
-  const double gflops = model::flops_per_token(config) * tok_s / 1e9;
-  if (measured.steps > 0) log::info(measured.against(predicted));
-  log_memory_peaks(config, grid);  // before the second probe, whose buffers are not the run's
-  if (bench && config.backend.peak_gflops <= 0) log_probe_after(config, peak, gflops / world);
-  log::info(cat("done: ", config.run.steps, " steps in ", format_duration(seconds), "; final loss ",
-                fixed("%.4f", last_loss),
-                std::isnan(last_val) ? std::string() : cat(", val loss ", fixed("%.4f", last_val)),
-                "; ", fixed("%.0f", tok_s), " tok/s, ", fixed("%.1f", gflops),
-                " GFLOP/s = ", fixed("%.1f%%", 100 * gflops / (peak * world)),
-                " of peak (steps after the first)"));
-
-  if (bench)
-    log::info(
-        parallel::bench_report(busy / std::max<double>(1, double(profiled_steps)), profiled_steps));
+  log_run_end(config, grid, peak, bench, totals, predicted, wall_seconds() - t0);
   return kExitOk;
 }
 

@@ -22,8 +22,6 @@ int host_threads() { return g_threads; }
 std::string host_threads_name() { return "OpenMP"; }  // ptrain's own beside a Serial Kokkos
 
 namespace detail {
-int own_threads() { return g_threads; }
-
 char* thread_scratch(int threads, std::size_t bytes, std::size_t& stride) {
   // Each thread's part a whole number of cache lines, so no two threads share one.
   stride = bytes > 0 ? (bytes + 63) / 64 * 64 : 64;

@@ -34,7 +34,6 @@ std::string host_threads_name();
 
 namespace detail {
 #if PTRAIN_OWN_HOST_THREADS
-int own_threads();
 // `bytes` of scratch for each of `threads` threads, 64-byte aligned, `stride` bytes apart:
 // the same buffer call after call (grown as needed; the caller is the rank's main thread).
 char* thread_scratch(int threads, std::size_t bytes, std::size_t& stride);
@@ -56,7 +55,7 @@ inline std::int64_t rows_per_fork(std::int64_t cols) {
 template <class F>
 void parallel_items(const char* label, std::int64_t n, const F& f, std::int64_t min_items = 1) {
 #if PTRAIN_OWN_HOST_THREADS
-  const int threads = detail::own_threads();
+  const int threads = host_threads();
   if (threads > 1 && n >= 2 * min_items) {
     Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::Serial>(0, 1), [&](std::int64_t) {
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -76,11 +75,12 @@ void parallel_items(const char* label, std::int64_t n, const F& f, std::int64_t 
 template <class F>
 void parallel_blocks(const char* label, int n, std::size_t bytes, const F& f) {
 #if PTRAIN_OWN_HOST_THREADS
-  const int threads = detail::own_threads() < n ? detail::own_threads() : n;
+  if (n <= 0) return;
+  const int threads = host_threads() < n ? host_threads() : n;
   std::size_t stride = 0;
-  char* const scratch = detail::thread_scratch(threads > 0 ? threads : 1, bytes, stride);
+  char* const scratch = detail::thread_scratch(threads, bytes, stride);
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::Serial>(0, 1), [&](std::int64_t) {
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+#pragma omp parallel num_threads(threads)
     {
       char* const mine = scratch + std::size_t(omp_get_thread_num()) * stride;
 #pragma omp for schedule(dynamic, 1)

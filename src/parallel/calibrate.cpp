@@ -511,10 +511,9 @@ LinksMeasured measure_links(Comm& world, Comm& node, const Grid& grid, Config::m
   world.all_reduce_max(&least_node, 1, Space::host).wait();
   least_node = -least_node;
   double overlap = least_node >= 2 ? overlap_share(node) : -1;
-  MPI_Comm split = MPI_COMM_NULL;
-  MPI_Comm_split(grid.cart(), node.rank(), grid.node(), &split);
-  const Communicator across_ranks(split);
-  auto across = make_comm(across_ranks.get(), "calibrate-across");
+  const SplitComm across_nodes =
+      split_comm(grid.cart(), node.rank(), grid.node(), "calibrate-across");
+  Comm* const across = across_nodes.comm.get();
   double nodes = across->size();
   world.all_reduce_max(&nodes, 1, Space::host).wait();
   const CommFit inter = fit_comm(*across);

@@ -393,22 +393,65 @@ struct StageCost {
   std::vector<GroupCost> comm;  // each group of rank (0, p, 0)
 };
 
-StageCost stage_cost(const Config& config, const Layout& layout, const Machine& m, int p) {
-  const auto& par = config.parallel;
-  const model::Dims d = model::dims_of(config);
-  const int v = int(par.virtual_stages), rpn = layout.max_ranks_per_node();
-  const double mb = double(micro_batches_per_step(config));
-  const PrecisionPolicy policy = deck::precision_policy(config);
-  StageCost st;
-  const model::ShardCoord coord = plan_shard(config, 0, p, 0, rpn);
+// The layers of a stage (over its chunks), how many are MoE, and whether it holds the
+// embedding or the head: what its messages' ring steps depend on.
+struct StageLayers {
   std::int64_t layers = 0, moe_layers = 0;
   bool first = false, last = false;
+};
+StageLayers stage_layers(const Config& config, const model::ShardCoord& coord) {
+  const model::Dims d = model::dims_of(config);
+  StageLayers sl;
   for (const auto& ch : model::build_layout(config, coord)) {
-    layers += ch.n_layers;
+    sl.layers += ch.n_layers;
     for (std::int64_t l = ch.first_layer; l < ch.first_layer + ch.n_layers; ++l)
-      moe_layers += d.is_moe_layer(l) ? 1 : 0;
-    first = first || ch.has_embedding, last = last || ch.has_head;
+      sl.moe_layers += d.is_moe_layer(l) ? 1 : 0;
+    sl.first = sl.first || ch.has_embedding, sl.last = sl.last || ch.has_head;
   }
+  return sl;
+}
+
+// Data parallel's `dp_seconds` of communication a step: what is exposed, and the part inside
+// each micro-batch's ops (in_op). ZeRO 0/1: buckets reduced behind the last micro-batch's
+// backward; ZeRO 1/2 gather the updated parameters after the step (exposed); ZeRO 2
+// reduce-scatters behind every micro-batch's backward, ZeRO 3 gathers behind the compute they
+// prefetch for. fwd, bwd, rec: one chunk's compute per micro-batch.
+struct DataParallelExposure {
+  double exposed = 0, in_op = 0;
+};
+DataParallelExposure data_parallel_exposure(const Config& config, const model::ShardCoord& coord,
+                                            const Machine& m, double dp_seconds, double mb,
+                                            double fwd, double bwd, double rec) {
+  const auto& par = config.parallel;
+  const PrecisionPolicy policy = deck::precision_policy(config);
+  const MemoryEstimate mem = estimate_memory(config, coord);
+  const double S = double(mem.local_params) * double(bytes_of(policy.compute));
+  const double G = double(mem.local_params) * double(bytes_of(policy.wire));
+  const int zero = int(par.zero);
+  const double gather =
+      zero == 1 || zero == 2 ? dp_seconds * S / (S + (zero == 1 ? 2 : mb) * G) : 0.0;
+  const double reduce = dp_seconds - gather;
+  DataParallelExposure x;
+  if (zero <= 1) {
+    const double buckets = std::ceil(G / (std::max(1.0, double(par.bucket_mb)) * 1024 * 1024));
+    x.exposed = std::max(m.exposed(reduce, bwd), reduce / std::max(1.0, buckets)) + gather;
+  } else if (zero == 2) {
+    x.in_op = m.exposed(reduce / mb, bwd);
+    x.exposed = x.in_op * mb + gather;
+  } else {
+    x.in_op = m.exposed(dp_seconds / mb, fwd + bwd + rec);
+    x.exposed = x.in_op * mb;
+  }
+  return x;
+}
+
+StageCost stage_cost(const Config& config, const Layout& layout, const Machine& m, int p) {
+  const auto& par = config.parallel;
+  const int v = int(par.virtual_stages), rpn = layout.max_ranks_per_node();
+  const double mb = double(micro_batches_per_step(config));
+  StageCost st;
+  const model::ShardCoord coord = plan_shard(config, 0, p, 0, rpn);
+  const StageLayers sl = stage_layers(config, coord);
   double fwd = 0, bwd = 0, rec = 0, attention = 0;
   for (int c = 0; c < v; ++c) {
     st.chunks.push_back(chunk_compute(config, m, p, c));
@@ -424,8 +467,8 @@ StageCost stage_cost(const Config& config, const Layout& layout, const Machine& 
     g.group = e.group;
     g.bytes = e.bytes_per_step;
     g.across_nodes = node_split(config, layout, e.group).inter_share > 0;
-    const double steps = ring_steps(config, e.group, e.bytes_per_step, mb, double(layers),
-                                    double(moe_layers), first, last);
+    const double steps = ring_steps(config, e.group, e.bytes_per_step, mb, double(sl.layers),
+                                    double(sl.moe_layers), sl.first, sl.last);
     g.seconds =
         g.bytes > 0 ? m.comm_seconds(op_of(config, e.group), g.across_nodes, steps, g.bytes) : 0.0;
     switch (e.group) {
@@ -452,30 +495,12 @@ StageCost stage_cost(const Config& config, const Layout& layout, const Machine& 
     }
     st.comm.push_back(g);
   }
-  // Data parallel. ZeRO 0/1: buckets reduced behind the last micro-batch's backward;
-  // ZeRO 1/2 gather the updated parameters after the step (exposed); ZeRO 2 reduce-scatters
-  // behind every micro-batch's backward, ZeRO 3 gathers behind the compute they prefetch for.
-  double dp_exposed = 0;
-  const double b_mb = bwd / double(v);
-  if (dp_seconds > 0) {
-    const MemoryEstimate mem = estimate_memory(config, coord);
-    const double S = double(mem.local_params) * double(bytes_of(policy.compute));
-    const double G = double(mem.local_params) * double(bytes_of(policy.wire));
-    const int zero = int(par.zero);
-    const double gather =
-        zero == 1 || zero == 2 ? dp_seconds * S / (S + (zero == 1 ? 2 : mb) * G) : 0.0;
-    const double reduce = dp_seconds - gather;
-    if (zero <= 1) {
-      const double buckets = std::ceil(G / (std::max(1.0, double(par.bucket_mb)) * 1024 * 1024));
-      dp_exposed = std::max(m.exposed(reduce, b_mb), reduce / std::max(1.0, buckets)) + gather;
-    } else if (zero == 2) {
-      st.dp_in_op = m.exposed(reduce / mb, b_mb);
-      dp_exposed = st.dp_in_op * mb + gather;
-    } else {
-      st.dp_in_op = m.exposed(dp_seconds / mb, (fwd + bwd + rec) / double(v));
-      dp_exposed = st.dp_in_op * mb;
-    }
-  }
+  const DataParallelExposure dpx =
+      dp_seconds > 0 ? data_parallel_exposure(config, coord, m, dp_seconds, mb, fwd / double(v),
+                                              bwd / double(v), rec / double(v))
+                     : DataParallelExposure{};
+  const double dp_exposed = dpx.exposed;
+  st.dp_in_op = dpx.in_op;
   for (auto& g : st.comm)
     if (g.group == GroupKind::dense_grad || g.group == GroupKind::expert_grad)
       g.exposed = dp_seconds > 0 ? dp_exposed * g.seconds / dp_seconds : 0.0;
