@@ -76,7 +76,10 @@ deps:
 	fi
 
 # A build folder keeps the MPI flavour it was configured with: asking for the other one there
-# is an error, not a silent mix of two MPIs.
+# is an error, not a silent mix of two MPIs. The switches below, given on make's command line,
+# reach a folder already configured (`make build WERROR=ON` there turns warnings into errors).
+RECONFIGURE_ARGS = $(foreach v,WERROR DEVICE_GUARD,$(if $(filter command line,$(origin $(v))),-DPTRAIN_$(v)=$($(v)))) \
+  $(if $(filter command line,$(origin BUILD_TYPE)),-DCMAKE_BUILD_TYPE=$(BUILD_TYPE))
 configure: deps
 	@if [ -f $(BUILD_DIR)/CMakeCache.txt ]; then \
 	  was=$$(sed -n 's/^PTRAIN_MPI:[A-Z]*=//p' $(BUILD_DIR)/CMakeCache.txt); \
@@ -84,6 +87,7 @@ configure: deps
 	    echo "make: $(BUILD_DIR) is configured for MPI=$$was, not MPI=$(MPI):" \
 	         "use another folder (e.g. BUILD_DIR=build-$(MPI)) or make clean"; exit 1; \
 	  fi; \
+	  if [ -n "$(RECONFIGURE_ARGS)" ]; then cmake -B $(BUILD_DIR) $(RECONFIGURE_ARGS); fi; \
 	else cmake $(CMAKE_ARGS); fi
 
 build: configure

@@ -90,7 +90,7 @@ void parallel_blocks(const char* label, int n, std::size_t bytes, const F& f) {
 #else
   using Policy =
       Kokkos::TeamPolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Schedule<Kokkos::Dynamic> >;
-  const int level = bytes <= Policy::scratch_size_max(0) ? 0 : 1;
+  const int level = bytes <= std::size_t(Policy::scratch_size_max(0)) ? 0 : 1;
   Kokkos::parallel_for(label, Policy(n, 1).set_scratch_size(level, Kokkos::PerTeam(bytes + 64)),
                        [&](const typename Policy::member_type& team) {
                          void* p = team.team_scratch(level).get_shmem(bytes + 64);
