@@ -193,6 +193,19 @@ std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& co
   return chunks;
 }
 
+LayerCounts layer_counts(const Config& config, const std::vector<ChunkLayout>& chunks) {
+  const Dims d = dims_of(config);
+  LayerCounts n;
+  for (const auto& ch : chunks) {
+    n.layers += ch.n_layers;
+    for (std::int64_t l = ch.first_layer; l < ch.first_layer + ch.n_layers; ++l)
+      n.moe_layers += d.is_moe_layer(l) ? 1 : 0;
+    n.first = n.first || ch.has_embedding;
+    n.last = n.last || ch.has_head;
+  }
+  return n;
+}
+
 namespace {
 // One rank holding everything: each tensor exactly once, at its global shape.
 std::vector<ChunkLayout> whole_model(const Config& config) {

@@ -120,6 +120,14 @@ ChunkPlace chunk_place(int P, bool v_shape, int g);
 // The chunks a rank holds (one unless the schedule is interleaved or V-shaped).
 std::vector<ChunkLayout> build_layout(const Config& config, const ShardCoord& coord);
 
+// Summed over a rank's chunks: its layers, how many are MoE, and whether it holds the
+// embedding (first) or the head (last). What its messages' counts depend on.
+struct LayerCounts {
+  std::int64_t layers = 0, moe_layers = 0;
+  bool first = false, last = false;
+};
+LayerCounts layer_counts(const Config& config, const std::vector<ChunkLayout>& chunks);
+
 // Parameters of the whole model (global shapes, unpadded vocab, each tensor once).
 std::int64_t global_parameter_count(const Config& config);
 // Tensors of the whole model (a checkpoint's /model datasets).

@@ -393,24 +393,6 @@ struct StageCost {
   std::vector<GroupCost> comm;  // each group of rank (0, p, 0)
 };
 
-// The layers of a stage (over its chunks), how many are MoE, and whether it holds the
-// embedding or the head: what its messages' ring steps depend on.
-struct StageLayers {
-  std::int64_t layers = 0, moe_layers = 0;
-  bool first = false, last = false;
-};
-StageLayers stage_layers(const Config& config, const model::ShardCoord& coord) {
-  const model::Dims d = model::dims_of(config);
-  StageLayers sl;
-  for (const auto& ch : model::build_layout(config, coord)) {
-    sl.layers += ch.n_layers;
-    for (std::int64_t l = ch.first_layer; l < ch.first_layer + ch.n_layers; ++l)
-      sl.moe_layers += d.is_moe_layer(l) ? 1 : 0;
-    sl.first = sl.first || ch.has_embedding, sl.last = sl.last || ch.has_head;
-  }
-  return sl;
-}
-
 // Data parallel's `dp_seconds` of communication a step: what is exposed, and the part inside
 // each micro-batch's ops (in_op). ZeRO 0/1: buckets reduced behind the last micro-batch's
 // backward; ZeRO 1/2 gather the updated parameters after the step (exposed); ZeRO 2
@@ -451,7 +433,7 @@ StageCost stage_cost(const Config& config, const Layout& layout, const Machine& 
   const double mb = double(micro_batches_per_step(config));
   StageCost st;
   const model::ShardCoord coord = plan_shard(config, 0, p, 0, rpn);
-  const StageLayers sl = stage_layers(config, coord);
+  const model::LayerCounts sl = model::layer_counts(config, model::build_layout(config, coord));
   double fwd = 0, bwd = 0, rec = 0, attention = 0;
   for (int c = 0; c < v; ++c) {
     st.chunks.push_back(chunk_compute(config, m, p, c));

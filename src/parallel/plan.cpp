@@ -389,11 +389,9 @@ namespace {
 
 double ring(double n) { return (n - 1) / n; }
 
-// What the estimates need of the chunks a rank holds, from one pass over them.
-struct ShardFacts {
-  std::int64_t layers = 0, moe_layers = 0;
-  bool first = false, last = false;  // holds the embedding / the head
-  double embedding_bytes = 0;        // of the embedding unit
+// What the estimates need of the chunks a rank holds: their layer counts, and
+struct ShardFacts : model::LayerCounts {
+  double embedding_bytes = 0;  // of the embedding unit
   // Split backwards (zero-bubble schedules) per step: blocks whose W ran apart from their B,
   // and the bytes of those blocks' parameters (W gathers them again under ZeRO 3 when it
   // reruns a recomputation).
@@ -401,23 +399,16 @@ struct ShardFacts {
 };
 
 ShardFacts shard_facts(const Config& config, const model::ShardCoord& coord, double w) {
-  const model::Dims d = model::dims_of(config);
-  ShardFacts f;
-  for (const auto& ch : model::build_layout(config, coord)) {
-    f.layers += ch.n_layers;
-    for (std::int64_t i = ch.first_layer; i < ch.first_layer + ch.n_layers; ++i)
-      f.moe_layers += d.is_moe_layer(i) ? 1 : 0;
-    f.first = f.first || ch.has_embedding;
-    f.last = f.last || ch.has_head;
+  const auto chunks = model::build_layout(config, coord);
+  ShardFacts f{model::layer_counts(config, chunks)};
+  for (const auto& ch : chunks)
     for (const auto& u : model::units_of(ch))
       if (u.kind == model::Unit::embedding) f.embedding_bytes += double(u.hi - u.lo) * w;
-  }
   if (coord.pp > 1) {  // this rank's list: its Ws per chunk
     const auto& par = config.parallel;
     const OpList list =
         make_rank_schedule(schedule_kind(par.pp_schedule), coord.pp,
                            int(micro_batches_per_step(config)), int(par.virtual_stages), coord.p);
-    const auto chunks = model::build_layout(config, coord);
     for (const Op& op : list) {
       if (op.kind != OpKind::backward_weight) continue;
       const auto& ch = chunks[std::size_t(op.chunk)];
