@@ -463,8 +463,7 @@ class RunTrace {
   RunTrace(const Config& config, const Grid& grid)
       : on_(config.run.trace), dir_(config.run.out_dir + "/trace"), rank_(grid.world_rank()) {
     if (on_ && log::rank() == 0) std::filesystem::create_directories(dir_);
-    MPI_Barrier(MPI_COMM_WORLD);
-    trace::start(on_);
+    trace::start(MPI_COMM_WORLD, on_);
   }
   void write() const {
     if (!on_) return;

@@ -542,10 +542,14 @@ std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, CommChoice choi
   return std::make_unique<MpiComm>(comm, std::move(name), default_transport());
 }
 
-SplitComm split_comm(MPI_Comm comm, int color, int key, std::string name) {
+Communicator split_group(MPI_Comm comm, int color, int key, const std::string& name) {
   MPI_Comm group = MPI_COMM_NULL;
   mpi::check(MPI_Comm_split(comm, color, key, &group), "MPI Comm_split (" + name + ")");
-  SplitComm s{Communicator(group), nullptr};
+  return Communicator(group);
+}
+
+SplitComm split_comm(MPI_Comm comm, int color, int key, std::string name) {
+  SplitComm s{split_group(comm, color, key, name), nullptr};
   s.comm = make_comm(s.group.get(), std::move(name));
   return s;
 }

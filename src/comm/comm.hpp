@@ -412,9 +412,12 @@ struct CommChoice {
 // choice.nccl allows and the build has NCCL; anything else an MpiComm on default_transport().
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, std::string name, CommChoice choice = {});
 
-// A group split off `comm` (MPI_Comm_split: the ranks of this rank's color, numbered by key)
-// and a Comm over it, as make_comm chooses. Collective over comm. The Comm is declared last,
-// so it goes before the group it runs on.
+// A group split off `comm` (MPI_Comm_split: the ranks of this rank's color, numbered by key),
+// `name` in its error. Collective over comm.
+Communicator split_group(MPI_Comm comm, int color, int key, const std::string& name);
+
+// That group and a Comm over it, as make_comm chooses. Collective over comm. The Comm is
+// declared last, so it goes before the group it runs on.
 struct SplitComm {
   Communicator group;
   std::unique_ptr<Comm> comm;

@@ -47,12 +47,6 @@ bool uniform(const NodeMap& m) {
   return std::all_of(m.ranks.begin(), m.ranks.end(), [&](int r) { return r == m.ranks[0]; });
 }
 
-Communicator split_comm(MPI_Comm comm, int color, int key, const char* what) {
-  MPI_Comm out = MPI_COMM_NULL;
-  mpi::check(MPI_Comm_split(comm, color, key, &out), cat("MPI Comm_split (", what, ")"));
-  return Communicator(out);
-}
-
 // n elements in L pieces as even as they go, the first n % L one longer.
 std::vector<int> even_pieces(std::size_t n, int L) {
   std::vector<int> c(static_cast<std::size_t>(L));
@@ -254,15 +248,15 @@ NodeLevels node_levels(MPI_Comm comm, const std::string& name, int node, const s
   lv.node_index = m.index[std::size_t(me)];
   lv.local = int(std::count(m.index.begin(), m.index.begin() + me, lv.node_index));
   lv.nodes = N;
-  lv.node = split_comm(comm, lv.node_index, lv.local, "inside the node");
-  lv.across = split_comm(comm, lv.local, lv.node_index, "across the nodes");
+  lv.node = split_group(comm, lv.node_index, lv.local, "inside the node");
+  lv.across = split_group(comm, lv.local, lv.node_index, "across the nodes");
   return lv;
 }
 
 HierarchicalComm::Levels HierarchicalComm::split(MPI_Comm comm, const std::string& name, int node) {
   NodeLevels lv = node_levels(comm, name, node, "a hierarchical group");
   Levels out;
-  out.whole = split_comm(comm, 0, lv.local * lv.nodes + lv.node_index, "hierarchical group");
+  out.whole = split_group(comm, 0, lv.local * lv.nodes + lv.node_index, "hierarchical group");
   out.node = std::move(lv.node);
   out.across = std::move(lv.across);
   return out;

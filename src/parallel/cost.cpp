@@ -433,7 +433,7 @@ StageCost stage_cost(const Config& config, const Layout& layout, const Machine& 
   const double mb = double(micro_batches_per_step(config));
   StageCost st;
   const model::ShardCoord coord = plan_shard(config, 0, p, 0, rpn);
-  const model::LayerCounts sl = model::layer_counts(config, model::build_layout(config, coord));
+  const model::LayerCounts counts = model::layer_counts(config, model::build_layout(config, coord));
   double fwd = 0, bwd = 0, rec = 0, attention = 0;
   for (int c = 0; c < v; ++c) {
     st.chunks.push_back(chunk_compute(config, m, p, c));
@@ -449,8 +449,8 @@ StageCost stage_cost(const Config& config, const Layout& layout, const Machine& 
     g.group = e.group;
     g.bytes = e.bytes_per_step;
     g.across_nodes = node_split(config, layout, e.group).inter_share > 0;
-    const double steps = ring_steps(config, e.group, e.bytes_per_step, mb, double(sl.layers),
-                                    double(sl.moe_layers), sl.first, sl.last);
+    const double steps = ring_steps(config, e.group, e.bytes_per_step, mb, double(counts.layers),
+                                    double(counts.moe_layers), counts.first, counts.last);
     g.seconds =
         g.bytes > 0 ? m.comm_seconds(op_of(config, e.group), g.across_nodes, steps, g.bytes) : 0.0;
     switch (e.group) {
@@ -481,13 +481,12 @@ StageCost stage_cost(const Config& config, const Layout& layout, const Machine& 
       dp_seconds > 0 ? data_parallel_exposure(config, coord, m, dp_seconds, mb, fwd / double(v),
                                               bwd / double(v), rec / double(v))
                      : DataParallelExposure{};
-  const double dp_exposed = dpx.exposed;
   st.dp_in_op = dpx.in_op;
   for (auto& g : st.comm)
     if (g.group == GroupKind::dense_grad || g.group == GroupKind::expert_grad)
-      g.exposed = dp_seconds > 0 ? dp_exposed * g.seconds / dp_seconds : 0.0;
+      g.exposed = dp_seconds > 0 ? dpx.exposed * g.seconds / dp_seconds : 0.0;
   st.optimizer = optimizer_seconds(config, m, p, rpn);
-  st.after = (par.zero <= 2 ? dp_exposed - st.dp_in_op * mb : 0.0) + embed_seconds;
+  st.after = (par.zero <= 2 ? dpx.exposed - st.dp_in_op * mb : 0.0) + embed_seconds;
   return st;
 }
 

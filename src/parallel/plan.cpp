@@ -389,7 +389,8 @@ namespace {
 
 double ring(double n) { return (n - 1) / n; }
 
-// What the estimates need of the chunks a rank holds: their layer counts, and
+// What the estimates need of the chunks a rank holds: their layer counts, and from one pass
+// over their units and the rank's schedule:
 struct ShardFacts : model::LayerCounts {
   double embedding_bytes = 0;  // of the embedding unit
   // Split backwards (zero-bubble schedules) per step: blocks whose W ran apart from their B,

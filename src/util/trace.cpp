@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "util/error.hpp"
+#include "util/mpi.hpp"
 #include "util/timer.hpp"
 
 namespace ptrain::trace {
@@ -18,7 +19,8 @@ double g_zero = 0;
 std::vector<Event> g_events;
 }  // namespace
 
-void start(bool on) {
+void start(MPI_Comm comm, bool on) {
+  mpi::check(MPI_Barrier(comm), "MPI_Barrier");
   g_on = on;
   g_zero = wall_seconds();
   g_events.clear();
